@@ -1,0 +1,37 @@
+"""One exception family: every error we raise names the field path it concerns."""
+
+from __future__ import annotations
+
+__all__ = ["InvalidPromptError", "OmniRequestsError", "PromptTypeError"]
+
+
+class OmniRequestsError(Exception):
+    """Base of every error omni-requests raises on bad input.
+
+    ``path`` is where the problem is, written like ``$.multi_modal_uuids.image[1]``,
+    so a caller building prompts from nested data can find the offending value.
+    """
+
+    def __init__(self, path: str, message: str) -> None:
+        self.path = path
+        self.message = message
+        super().__init__(f"{path}: {message}")
+
+    def __reduce__(self) -> tuple[type[OmniRequestsError], tuple[str, str]]:
+        # Errors cross process boundaries (engines run workers); keep them picklable.
+        return (type(self), (self.path, self.message))
+
+
+class InvalidPromptError(OmniRequestsError, ValueError):
+    """A value has the right type but is not acceptable (lengths, ranges, unknown fields)."""
+
+
+class PromptTypeError(OmniRequestsError, TypeError):
+    """A value has a type the field does not accept."""
+
+
+def type_name(value: object) -> str:
+    """The name used for a value's type in error messages."""
+    cls = type(value)
+    module = cls.__module__
+    return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"

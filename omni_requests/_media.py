@@ -1,0 +1,204 @@
+"""Freezing media payloads and options, and telling which frozen payloads can never change.
+
+vLLM hands these values to processors and hashers that test for ``list``, ``tuple`` and
+``dict``; records store them frozen (``PVector``, ``tuple``, :class:`FrozenDict`, read-only
+arrays) and :func:`thaw` gives the engine back the plain shapes it expects.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from typing import Any, TypeVar
+
+import numpy as np
+from pyrsistent import PVector, pvector
+
+from ._errors import PromptTypeError, type_name
+
+__all__ = ["FrozenDict"]
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+class FrozenDict(Mapping[_K, _V]):
+    """An immutable mapping that keeps insertion order.
+
+    vLLM hashes mappings (video metadata, processor kwargs) in insertion order, and
+    pyrsistent's ``PMap`` has none, so options and metadata use this instead.
+    """
+
+    __slots__ = ("__weakref__", "_data", "_hash")
+
+    _data: dict[_K, _V]
+    _hash: int | None
+
+    def __init__(self, data: Mapping[_K, _V] | None = None) -> None:
+        object.__setattr__(self, "_data", dict(data) if data is not None else {})
+        object.__setattr__(self, "_hash", None)
+
+    def __getitem__(self, key: _K) -> _V:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[_K]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({self._data!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenDict):
+            return self._data == other._data
+        if isinstance(other, Mapping):
+            return self._data == dict(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            object.__setattr__(self, "_hash", hash(tuple(self._data.items())))
+        return self._hash  # type: ignore[return-value]
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __reduce__(self) -> tuple[type[FrozenDict[_K, _V]], tuple[dict[_K, _V]]]:
+        return (type(self), (self._data,))
+
+
+def is_torch_tensor(value: object) -> bool:
+    """True for a ``torch.Tensor``, without importing torch (no tensor exists before it is)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def is_pil_image(value: object) -> bool:
+    """True for a ``PIL.Image.Image``, without importing Pillow."""
+    image_module = sys.modules.get("PIL.Image")
+    return image_module is not None and isinstance(value, image_module.Image)
+
+
+_SCALARS = (str, bytes, bool, int, float)
+
+
+def readonly_view(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The array itself when already read-only, else a read-only view of it (never a copy)."""
+    if not array.flags.writeable:
+        return array
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+def freeze_media(value: object, path: str) -> object:
+    """Freeze one media item (or part of one); raise on types vLLM cannot hash faithfully."""
+    if value is None or isinstance(value, _SCALARS):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise PromptTypeError(path, "numpy arrays of dtype object cannot be hashed; use a numeric dtype")
+        return readonly_view(value)
+    if isinstance(value, np.generic):
+        if value.dtype.hasobject:
+            raise PromptTypeError(path, "numpy object scalars cannot be hashed")
+        return value
+    if is_torch_tensor(value) or is_pil_image(value):
+        return value
+    if isinstance(value, memoryview):
+        return value.tobytes()
+    if isinstance(value, tuple):
+        return tuple(freeze_media(v, f"{path}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, (list, PVector)):
+        return _freeze_sequence(value, path, freeze_media)
+    if isinstance(value, Mapping):
+        return _freeze_mapping(value, path, freeze_media)
+    raise PromptTypeError(
+        path,
+        f"unsupported media value of type {type_name(value)}; expected an image, array, tensor, "
+        "list, tuple, dict, str, bytes or number",
+    )
+
+
+def freeze_option(value: object, path: str) -> object:
+    """Freeze an option value (processor kwargs, stage payloads): any value, containers frozen."""
+    if isinstance(value, np.ndarray):
+        return readonly_view(value)
+    if isinstance(value, tuple):
+        return tuple(freeze_option(v, f"{path}[{i}]") for i, v in enumerate(value))
+    if isinstance(value, (list, PVector)):
+        return _freeze_sequence(value, path, freeze_option)
+    if isinstance(value, Mapping):
+        return _freeze_mapping(value, path, freeze_option)
+    return value
+
+
+def _freeze_sequence(value: Any, path: str, freeze: Any) -> PVector[Any]:
+    frozen = [freeze(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, PVector) and all(a is b for a, b in zip(frozen, value, strict=True)):
+        return value
+    return pvector(frozen)
+
+
+def _freeze_mapping(value: Mapping[Any, Any], path: str, freeze: Any) -> FrozenDict[str, Any]:
+    for key in value:
+        if not isinstance(key, str):
+            raise PromptTypeError(f"{path}", f"mapping keys must be str, got {type_name(key)} {key!r}")
+    frozen = {k: freeze(v, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(value, FrozenDict) and all(frozen[k] is value[k] for k in frozen):
+        return value
+    return FrozenDict(frozen)
+
+
+def thaw(value: object) -> Any:
+    """The plain shape vLLM expects: lists, dicts and tuples; arrays stay read-only views."""
+    if isinstance(value, PVector):
+        return [thaw(v) for v in value]
+    if isinstance(value, FrozenDict):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(thaw(v) for v in value)
+    return value
+
+
+def immutable_token(value: object, leaves: list[object]) -> object | None:
+    """A hashable stand-in for a frozen item whose bytes can never change, or None.
+
+    Arrays count only when they and every array they view are read-only, so nobody
+    holds a writable reference to the bytes; tensors and PIL images have no such flag
+    and are never cached. Arrays appear in the token by identity and are collected in
+    ``leaves`` so a cache can drop the entry when one of them dies.
+    """
+    if value is None or isinstance(value, _SCALARS):
+        return (type(value), value)
+    if isinstance(value, np.ndarray):
+        base: object = value
+        while isinstance(base, np.ndarray):
+            if base.flags.writeable:
+                return None
+            base = base.base
+        if base is not None and not isinstance(base, bytes):
+            return None  # a foreign buffer (bytearray, mmap) may still be written
+        leaves.append(value)
+        return ("ndarray", id(value))
+    if isinstance(value, np.generic):
+        return ("generic", value.dtype.str, value.tobytes())
+    if isinstance(value, (tuple, PVector)):
+        parts = []
+        for item in value:
+            token = immutable_token(item, leaves)
+            if token is None:
+                return None
+            parts.append(token)
+        return (type(value).__name__, tuple(parts))
+    if isinstance(value, FrozenDict):
+        parts = []
+        for key, item in value.items():
+            token = immutable_token(item, leaves)
+            if token is None:
+                return None
+            parts.append((key, token))
+        return ("map", tuple(parts))
+    return None

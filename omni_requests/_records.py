@@ -1,0 +1,517 @@
+"""Frozen prompt records with vLLM's (and vllm-omni's) field names.
+
+Records take the plain values a vLLM prompt dict holds and store them frozen: maps and
+lists become pyrsistent ``PMap``/``PVector``, arrays read-only views, options an
+insertion-ordered :class:`FrozenDict`. Every check runs in ``__init__``, so a bad value
+raises before a record exists, and ``attrs.evolve`` runs the same checks.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeAlias
+
+import attrs
+import numpy as np
+from pyrsistent import PMap, PVector, pmap, pvector
+
+from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._keys import Scope, looks_scoped
+from ._media import (
+    FrozenDict,
+    freeze_media,
+    freeze_option,
+    is_pil_image,
+    is_torch_tensor,
+    thaw,
+)
+
+__all__ = [
+    "EmbedsPrompt",
+    "EncoderDecoderPrompt",
+    "Prompt",
+    "SinglePrompt",
+    "TextPrompt",
+    "TokensPrompt",
+]
+
+MediaData: TypeAlias = "PMap[str, PVector[Any]]"
+MediaUUIDs: TypeAlias = "PMap[str, PVector[str | None]]"
+
+_VISUAL_AUDIO: Final = frozenset({"image", "video", "audio"})
+
+# Identities of maps this module built (and so already checked and froze); evolve hands
+# them back unchanged, and re-checking every item on each copy would cost O(media).
+_checked_maps: dict[int, weakref.ref[PMap[Any, Any]]] = {}
+
+
+def _remember(value: PMap[Any, Any]) -> PMap[Any, Any]:
+    key = id(value)
+    _checked_maps[key] = weakref.ref(value, lambda _: _checked_maps.pop(key, None))
+    return value
+
+
+def _was_checked(value: object) -> bool:
+    ref = _checked_maps.get(id(value))
+    return ref is not None and ref() is value
+
+
+_EMPTY: Final[PMap[str, Any]] = _remember(pmap())
+
+
+# -- splitting a modality's value into items, as vLLM's MultiModalDataParser does --
+
+
+def _ndim(value: object) -> int | None:
+    if isinstance(value, np.ndarray) or is_torch_tensor(value):
+        return int(value.ndim)  # type: ignore[attr-defined]
+    return None
+
+
+def _split_items(modality: str, data: Any) -> list[object]:
+    """The items vLLM sees in ``multi_modal_data[modality]``: a single item or a list."""
+    as_list = isinstance(data, (list, PVector))
+    ndim = _ndim(data)
+    if modality in _VISUAL_AUDIO and is_torch_tensor(data) and ndim == 3:
+        return list(data)  # a batch of embeddings, one item per row
+    if modality == "image":
+        if is_pil_image(data) or ndim == 3:
+            return [data]
+    elif modality == "video":
+        if as_list and len(data) > 0 and (is_pil_image(data[0]) or all(_ndim(frame) == 3 for frame in data)):
+            return [data]  # one video given as its frames
+        if ndim == 4 or (isinstance(data, tuple) and len(data) == 2):
+            return [data]
+    elif modality == "audio":
+        if as_list and len(data) > 0 and isinstance(data[0], float):
+            return [data]  # one waveform given as a list of floats
+        if ndim == 1 or isinstance(data, tuple):
+            return [data]
+    if ndim is not None or as_list or (modality == "image" and isinstance(data, tuple)):
+        return list(data)
+    return [data]
+
+
+# -- converters: plain values in, frozen values out; idempotent on frozen values --
+
+
+def _check_modality(path: str, modality: object) -> str:
+    if not isinstance(modality, str):
+        raise PromptTypeError(path, f"modality names must be str, got {type_name(modality)}")
+    if not modality:
+        raise InvalidPromptError(path, "modality names must not be empty")
+    return modality
+
+
+def _convert_media(value: object) -> MediaData:
+    if value is None:
+        return _EMPTY
+    if _was_checked(value):
+        return value  # type: ignore[return-value]
+    path = "$.multi_modal_data"
+    if not isinstance(value, Mapping):
+        raise PromptTypeError(path, f"must be a mapping of modality to items, got {type_name(value)}")
+    frozen: dict[str, PVector[Any]] = {}
+    for modality, data in value.items():
+        _check_modality(path, modality)
+        where = f"{path}.{modality}"
+        if data is None:
+            raise InvalidPromptError(
+                where, "is None; give an item or a list of items (an item may be None if it has a UUID)"
+            )
+        # A pvector is a list of items already (a record's own); anything else is read
+        # the way vLLM reads it, so single items and lists give the same record.
+        items = data if isinstance(data, PVector) else _split_items(modality, data)
+        frozen[modality] = pvector(freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items))
+    return _remember(pmap(frozen))
+
+
+def _convert_uuids(value: object) -> MediaUUIDs:
+    if value is None:
+        return _EMPTY
+    if _was_checked(value):
+        return value  # type: ignore[return-value]
+    path = "$.multi_modal_uuids"
+    if not isinstance(value, Mapping):
+        raise PromptTypeError(path, f"must be a mapping of modality to UUIDs, got {type_name(value)}")
+    frozen: dict[str, PVector[str | None]] = {}
+    for modality, uuids in value.items():
+        _check_modality(path, modality)
+        where = f"{path}.{modality}"
+        if isinstance(uuids, str):
+            uuids = [uuids]
+        elif not isinstance(uuids, (list, tuple, PVector)):
+            raise PromptTypeError(where, f"must be a str or a list of str or None, got {type_name(uuids)}")
+        for i, uuid in enumerate(uuids):
+            _check_uuid(f"{where}[{i}]", uuid)
+        frozen[modality] = pvector(uuids)
+    return _remember(pmap(frozen))
+
+
+def _check_uuid(path: str, uuid: object) -> None:
+    if uuid is None:
+        return
+    if not isinstance(uuid, str):
+        raise PromptTypeError(path, f"must be a str or None, got {type_name(uuid)}")
+    if not uuid:
+        raise InvalidPromptError(path, "must not be empty: every item needs its own key")
+    if looks_scoped(uuid):
+        raise InvalidPromptError(
+            path,
+            f"{uuid!r} is already scoped to a replica, so this prompt has been through an "
+            "engine; rebuild it from the original prompt instead of reusing the engine's copy",
+        )
+
+
+def _as_options(path: str, value: object) -> FrozenDict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise PromptTypeError(path, f"must be a mapping, got {type_name(value)}")
+    frozen: FrozenDict[str, Any] = freeze_option(value, path)  # type: ignore[assignment]
+    return frozen
+
+
+def _as_option_list(path: str, value: object) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple, PVector)):
+        raise PromptTypeError(path, f"must be a list, got {type_name(value)}")
+    return freeze_option(value, path)
+
+
+def _convert_media_io(value: object) -> FrozenDict[str, Any] | None:
+    path = "$.media_io_kwargs"
+    frozen = _as_options(path, value)
+    for modality, kwargs in (frozen or {}).items():
+        if not isinstance(kwargs, Mapping):
+            raise PromptTypeError(f"{path}.{modality}", f"must be a mapping, got {type_name(kwargs)}")
+    return frozen
+
+
+def _as_token_ids(path: str, value: object) -> PVector[int]:
+    if isinstance(value, PVector) and all(type(v) is int for v in value):
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray, PVector)):
+        raise PromptTypeError(path, f"must be a list of int, got {type_name(value)}")
+    ids = []
+    for i, token in enumerate(value):
+        if isinstance(token, bool):
+            raise PromptTypeError(f"{path}[{i}]", "must be an int, got bool")
+        try:
+            ids.append(operator.index(token))
+        except TypeError:
+            raise PromptTypeError(f"{path}[{i}]", f"must be an int, got {type_name(token)}") from None
+    return pvector(ids)
+
+
+def _as_text(path: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise PromptTypeError(path, f"must be a str, got {type_name(value)}")
+    return value
+
+
+def _as_embeds(path: str, value: object, *, allow_list: bool = False) -> Any:
+    if is_torch_tensor(value):
+        return value
+    if allow_list and isinstance(value, (list, tuple, PVector)):
+        for i, tensor in enumerate(value):
+            if not is_torch_tensor(tensor):
+                raise PromptTypeError(f"{path}[{i}]", f"must be a torch.Tensor, got {type_name(tensor)}")
+        return pvector(value)
+    expected = "a torch.Tensor or a list of them" if allow_list else "a torch.Tensor"
+    raise PromptTypeError(path, f"must be {expected}, got {type_name(value)}")
+
+
+# Named converters, one per field: attrs' mypy plugin reads their argument types.
+
+
+def _prompt(value: object) -> str:
+    return _as_text("$.prompt", value)
+
+
+def _optional_prompt(value: object) -> str | None:
+    return None if value is None else _as_text("$.prompt", value)
+
+
+def _negative_prompt(value: object) -> str | None:
+    return None if value is None else _as_text("$.negative_prompt", value)
+
+
+def _cache_salt(value: object) -> str | None:
+    return None if value is None else _as_text("$.cache_salt", value)
+
+
+def _prompt_token_ids(value: object) -> PVector[int]:
+    return _as_token_ids("$.prompt_token_ids", value)
+
+
+def _optional_prompt_token_ids(value: object) -> PVector[int] | None:
+    return None if value is None else _as_token_ids("$.prompt_token_ids", value)
+
+
+def _token_type_ids(value: object) -> PVector[int] | None:
+    return None if value is None else _as_token_ids("$.token_type_ids", value)
+
+
+def _prompt_token_offsets(value: object) -> Any:
+    return _as_option_list("$.prompt_token_offsets", value)
+
+
+def _prompt_is_token_ids(value: object) -> PVector[bool] | None:
+    path = "$.prompt_is_token_ids"
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple, PVector)):
+        raise PromptTypeError(path, f"must be a list of bool, got {type_name(value)}")
+    for i, flag in enumerate(value):
+        if not isinstance(flag, bool):
+            raise PromptTypeError(f"{path}[{i}]", f"must be a bool, got {type_name(flag)}")
+    return pvector(value)
+
+
+def _prompt_embeds(value: object) -> Any:
+    return _as_embeds("$.prompt_embeds", value)
+
+
+def _optional_prompt_embeds(value: object) -> Any:
+    return None if value is None else _as_embeds("$.prompt_embeds", value)
+
+
+def _negative_prompt_embeds(value: object) -> Any:
+    return None if value is None else _as_embeds("$.negative_prompt_embeds", value)
+
+
+def _negative_prompt_embeds_list(value: object) -> Any:
+    return None if value is None else _as_embeds("$.negative_prompt_embeds", value, allow_list=True)
+
+
+def _mm_processor_kwargs(value: object) -> FrozenDict[str, Any] | None:
+    return _as_options("$.mm_processor_kwargs", value)
+
+
+def _additional_information(value: object) -> FrozenDict[str, Any] | None:
+    return _as_options("$.additional_information", value)
+
+
+def _check_scope(_: object, attribute: attrs.Attribute[Scope | None], value: object) -> None:
+    if value is not None and not isinstance(value, Scope):
+        raise PromptTypeError(f"$.{attribute.name}", f"must be a Scope or None, got {type_name(value)}")
+
+
+# -- equality: media compares by content, never by numpy's elementwise == --
+
+
+def values_equal(a: Any, b: Any) -> bool:
+    """Deep equality that treats arrays, tensors and images as values."""
+    if a is b:
+        return True
+    if isinstance(a, np.ndarray):
+        return (
+            isinstance(b, np.ndarray)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and a.tobytes() == b.tobytes()
+        )
+    if is_torch_tensor(a):
+        import torch
+
+        return is_torch_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+    if is_pil_image(a):
+        return (
+            is_pil_image(b)
+            and (a.mode, a.size, a.tobytes()) == (b.mode, b.size, b.tobytes())
+            and values_equal(_palette(a), _palette(b))
+        )
+    if isinstance(a, (tuple, PVector, list)):
+        return (
+            type(a) is type(b)
+            and len(a) == len(b)
+            and all(values_equal(x, y) for x, y in zip(a, b, strict=True))
+        )
+    if isinstance(a, Mapping):
+        return isinstance(b, Mapping) and a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and bool(a == b)
+
+
+def _palette(image: Any) -> object:
+    palette = image.palette
+    return None if palette is None else (bytes(palette.palette), palette.rawmode)
+
+
+_media_eq = attrs.cmp_using(eq=values_equal)
+
+
+def _summary(value: object) -> str:
+    """A short description of a media value, so records print in a line, not megabytes."""
+    if isinstance(value, np.ndarray) or is_torch_tensor(value):
+        shape = "x".join(str(n) for n in value.shape)  # type: ignore[attr-defined]
+        return f"{type(value).__name__}({value.dtype}, {shape or 'scalar'})"  # type: ignore[attr-defined]
+    if is_pil_image(value):
+        return f"Image({value.mode}, {value.size[0]}x{value.size[1]})"  # type: ignore[attr-defined]
+    if isinstance(value, (PVector, list)):
+        return "[" + ", ".join(_summary(v) for v in value) + "]"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_summary(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k!r}: {_summary(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
+def _media_field(converter: Callable[[object], Any], **kwargs: Any) -> Any:
+    return attrs.field(converter=converter, eq=_media_eq, hash=False, repr=_summary, **kwargs)
+
+
+# -- the records --
+
+
+@attrs.frozen(kw_only=True)
+class _Prompt:
+    """Fields every single prompt shares (vLLM's ``_PromptOptions`` plus vllm-omni's)."""
+
+    multi_modal_data: MediaData = _media_field(_convert_media, default=_EMPTY)
+    """Media per modality, each a ``PVector`` of frozen items."""
+    multi_modal_uuids: MediaUUIDs = attrs.field(converter=_convert_uuids, default=_EMPTY)
+    """The caller's UUIDs per modality (``None`` where the content decides the key)."""
+    mm_processor_kwargs: FrozenDict[str, Any] | None = _media_field(_mm_processor_kwargs, default=None)
+    media_io_kwargs: FrozenDict[str, Any] | None = _media_field(_convert_media_io, default=None)
+    cache_salt: str | None = attrs.field(default=None, converter=_cache_salt)
+    additional_information: FrozenDict[str, Any] | None = _media_field(_additional_information, default=None)
+    """vllm-omni's stage payload; frozen, so a later stage cannot write into the caller's."""
+    scope: Scope | None = attrs.field(default=None, validator=_check_scope)
+    """The replica this prompt is routed to; set by :func:`scope_to_replica`."""
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return (_rebuild, (type(self), plain_fields(self)))
+
+    def __attrs_post_init__(self) -> None:
+        data, uuids = self.multi_modal_data, self.multi_modal_uuids
+        for modality, items in data.items():
+            given = uuids.get(modality)
+            if given is not None and len(given) != len(items):
+                raise InvalidPromptError(
+                    f"$.multi_modal_uuids.{modality}",
+                    f"If given, multi_modal_uuids[{modality!r}] must have same length as "
+                    f"multi_modal_data[{modality!r}], but got {len(given)} vs {len(items)}.",
+                )
+            for i, item in enumerate(items):
+                if item is None and (given is None or given[i] is None):
+                    raise InvalidPromptError(
+                        f"$.multi_modal_uuids.{modality}[{i}]",
+                        f"multi_modal_data[{modality!r}][{i}] is empty but "
+                        f"multi_modal_uuids[{modality!r}][{i}] is missing.",
+                    )
+
+
+@attrs.frozen(kw_only=True)
+class TextPrompt(_Prompt):
+    """A text prompt (vLLM's ``TextPrompt``, vllm-omni's ``OmniTextPrompt``).
+
+    >>> import numpy as np
+    >>> image = np.zeros((4, 4, 3), np.uint8)
+    >>> p = TextPrompt(prompt="<image> what is this?", multi_modal_data={"image": image})
+    >>> len(p.multi_modal_data["image"])
+    1
+    """
+
+    prompt: str = attrs.field(converter=_prompt)
+    negative_prompt: str | None = attrs.field(default=None, converter=_negative_prompt)
+    prompt_embeds: Any = _media_field(_optional_prompt_embeds, default=None)
+    negative_prompt_embeds: Any = _media_field(_negative_prompt_embeds, default=None)
+
+
+@attrs.frozen(kw_only=True)
+class TokensPrompt(_Prompt):
+    """A tokenized prompt (vLLM's ``TokensPrompt``, vllm-omni's ``OmniTokensPrompt``)."""
+
+    prompt_token_ids: PVector[int] = attrs.field(converter=_prompt_token_ids)
+    prompt: str | None = attrs.field(default=None, converter=_optional_prompt)
+    token_type_ids: PVector[int] | None = attrs.field(default=None, converter=_token_type_ids)
+    prompt_token_offsets: Any = _media_field(_prompt_token_offsets, default=None)
+    negative_prompt: str | None = attrs.field(default=None, converter=_negative_prompt)
+    prompt_embeds: Any = _media_field(_optional_prompt_embeds, default=None)
+    negative_prompt_embeds: Any = _media_field(_negative_prompt_embeds_list, default=None)
+
+
+@attrs.frozen(kw_only=True)
+class EmbedsPrompt(_Prompt):
+    """A prompt given as embeddings (vLLM's ``EmbedsPrompt``, vllm-omni's ``OmniEmbedsPrompt``)."""
+
+    prompt_embeds: Any = _media_field(_prompt_embeds)
+    prompt: str | None = attrs.field(default=None, converter=_optional_prompt)
+    prompt_token_ids: PVector[int] | None = attrs.field(default=None, converter=_optional_prompt_token_ids)
+    prompt_is_token_ids: PVector[bool] | None = attrs.field(default=None, converter=_prompt_is_token_ids)
+    negative_prompt_embeds: Any = _media_field(_negative_prompt_embeds_list, default=None)
+
+
+SinglePrompt: TypeAlias = TextPrompt | TokensPrompt | EmbedsPrompt
+_SINGLE: Final = (TextPrompt, TokensPrompt, EmbedsPrompt)
+
+
+def _single(path: str, *, optional: bool) -> Callable[[object, attrs.Attribute[Any], object], None]:
+    def check(_: object, __: attrs.Attribute[Any], value: object) -> None:
+        if value is None and optional:
+            return
+        if not isinstance(value, _SINGLE):
+            raise PromptTypeError(
+                path, f"must be a TextPrompt, TokensPrompt or EmbedsPrompt, got {type_name(value)}"
+            )
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class EncoderDecoderPrompt:
+    """vLLM's ``ExplicitEncoderDecoderPrompt``: two single prompts, scoped together."""
+
+    encoder_prompt: SinglePrompt = attrs.field(validator=_single("$.encoder_prompt", optional=False))
+    decoder_prompt: SinglePrompt | None = attrs.field(
+        default=None, validator=_single("$.decoder_prompt", optional=True)
+    )
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return (_rebuild, (type(self), plain_fields(self)))
+
+
+Prompt: TypeAlias = TextPrompt | TokensPrompt | EmbedsPrompt | EncoderDecoderPrompt
+
+
+def replace_fields(record: Any, **changes: Any) -> Any:
+    """A copy of ``record`` with ``changes``, skipping the checks.
+
+    Only for values that are already valid and frozen (a scope, a record's own fields):
+    it is what makes scoping cost a few microseconds instead of a full re-validation.
+    """
+    new = object.__new__(type(record))
+    for field in attrs.fields(type(record)):
+        name = field.name
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(record, name))
+    return new
+
+
+def plain_fields(record: Any) -> dict[str, Any]:
+    """A record's fields as plain Python values (lists, dicts), media items kept as items.
+
+    This is the pickle format: it holds no pyrsistent objects, whose pickles depend on
+    whether pyrsistent's C extension is installed.
+    """
+    state: dict[str, Any] = {}
+    for field in attrs.fields(type(record)):
+        value = getattr(record, field.name)
+        if field.name == "multi_modal_data":
+            value = {m: [thaw(item) for item in items] for m, items in value.items()}
+        elif not isinstance(value, (_Prompt, Scope)):
+            value = thaw(value)
+        state[field.name] = value
+    return state
+
+
+def _rebuild(cls: type[Any], state: dict[str, Any]) -> Any:
+    """Unpickle through the constructor, so every value is checked and frozen again."""
+    data = state.get("multi_modal_data")
+    if data:
+        # Lists of items, not values to split again: a pvector says so.
+        state = {**state, "multi_modal_data": {m: pvector(items) for m, items in data.items()}}
+    return cls(**state)
