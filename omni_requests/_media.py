@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
-from pyrsistent import PVector, pvector
+from pyrsistent import PMap, PVector, pvector
 
 from ._errors import PromptTypeError, type_name
 
@@ -156,7 +156,7 @@ def thaw(value: object) -> Any:
     """The plain shape vLLM expects: lists, dicts and tuples; arrays stay read-only views."""
     if isinstance(value, PVector):
         return [thaw(v) for v in value]
-    if isinstance(value, FrozenDict):
+    if isinstance(value, (FrozenDict, PMap)):
         return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, tuple):
         return tuple(thaw(v) for v in value)

@@ -296,6 +296,22 @@ def _additional_information(value: object) -> FrozenDict[str, Any] | None:
     return _as_options("$.additional_information", value)
 
 
+def _model_intermediate_buffer(value: object) -> FrozenDict[str, Any] | None:
+    return _as_options("$.model_intermediate_buffer", value)
+
+
+def _modalities(value: object) -> PVector[str] | None:
+    path = "$.modalities"
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, PVector)):
+        raise PromptTypeError(path, f"must be a list of str, got {type_name(value)}")
+    for i, name in enumerate(value):
+        if not isinstance(name, str):
+            raise PromptTypeError(f"{path}[{i}]", f"must be a str, got {type_name(name)}")
+    return value if isinstance(value, PVector) else pvector(value)
+
+
 def _check_scope(_: object, attribute: attrs.Attribute[Scope | None], value: object) -> None:
     if value is not None and not isinstance(value, Scope):
         raise PromptTypeError(f"$.{attribute.name}", f"must be a Scope or None, got {type_name(value)}")
@@ -360,10 +376,6 @@ def _summary(value: object) -> str:
     return repr(value)
 
 
-def _media_field(converter: Callable[[object], Any], **kwargs: Any) -> Any:
-    return attrs.field(converter=converter, eq=_media_eq, hash=False, repr=_summary, **kwargs)
-
-
 # -- the records --
 
 
@@ -371,15 +383,27 @@ def _media_field(converter: Callable[[object], Any], **kwargs: Any) -> Any:
 class _Prompt:
     """Fields every single prompt shares (vLLM's ``_PromptOptions`` plus vllm-omni's)."""
 
-    multi_modal_data: MediaData = _media_field(_convert_media, default=_EMPTY)
+    multi_modal_data: MediaData = attrs.field(
+        converter=_convert_media, default=_EMPTY, eq=_media_eq, hash=False, repr=_summary
+    )
     """Media per modality, each a ``PVector`` of frozen items."""
     multi_modal_uuids: MediaUUIDs = attrs.field(converter=_convert_uuids, default=_EMPTY)
     """The caller's UUIDs per modality (``None`` where the content decides the key)."""
-    mm_processor_kwargs: FrozenDict[str, Any] | None = _media_field(_mm_processor_kwargs, default=None)
-    media_io_kwargs: FrozenDict[str, Any] | None = _media_field(_convert_media_io, default=None)
+    mm_processor_kwargs: FrozenDict[str, Any] | None = attrs.field(
+        converter=_mm_processor_kwargs, default=None, eq=_media_eq, hash=False, repr=_summary
+    )
+    media_io_kwargs: FrozenDict[str, Any] | None = attrs.field(
+        converter=_convert_media_io, default=None, eq=_media_eq, hash=False, repr=_summary
+    )
     cache_salt: str | None = attrs.field(default=None, converter=_cache_salt)
-    additional_information: FrozenDict[str, Any] | None = _media_field(_additional_information, default=None)
+    additional_information: FrozenDict[str, Any] | None = attrs.field(
+        converter=_additional_information, default=None, eq=_media_eq, hash=False, repr=_summary
+    )
     """vllm-omni's stage payload; frozen, so a later stage cannot write into the caller's."""
+    model_intermediate_buffer: FrozenDict[str, Any] | None = attrs.field(
+        converter=_model_intermediate_buffer, default=None, eq=_media_eq, hash=False, repr=_summary
+    )
+    """vllm-omni's runner-owned stage payload (>= 0.30); frozen like ``additional_information``."""
     scope: Scope | None = attrs.field(default=None, validator=_check_scope)
     """The replica this prompt is routed to; set by :func:`scope_to_replica`."""
 
@@ -418,8 +442,14 @@ class TextPrompt(_Prompt):
 
     prompt: str = attrs.field(converter=_prompt)
     negative_prompt: str | None = attrs.field(default=None, converter=_negative_prompt)
-    prompt_embeds: Any = _media_field(_optional_prompt_embeds, default=None)
-    negative_prompt_embeds: Any = _media_field(_negative_prompt_embeds, default=None)
+    prompt_embeds: Any = attrs.field(
+        converter=_optional_prompt_embeds, default=None, eq=_media_eq, hash=False, repr=_summary
+    )
+    negative_prompt_embeds: Any = attrs.field(
+        converter=_negative_prompt_embeds, default=None, eq=_media_eq, hash=False, repr=_summary
+    )
+    modalities: PVector[str] | None = attrs.field(default=None, converter=_modalities)
+    """vllm-omni's task selector for one pipeline (``["image"]``, ``["img2img"]``, ``["text"]``)."""
 
 
 @attrs.frozen(kw_only=True)
@@ -429,21 +459,29 @@ class TokensPrompt(_Prompt):
     prompt_token_ids: PVector[int] = attrs.field(converter=_prompt_token_ids)
     prompt: str | None = attrs.field(default=None, converter=_optional_prompt)
     token_type_ids: PVector[int] | None = attrs.field(default=None, converter=_token_type_ids)
-    prompt_token_offsets: Any = _media_field(_prompt_token_offsets, default=None)
+    prompt_token_offsets: Any = attrs.field(
+        converter=_prompt_token_offsets, default=None, eq=_media_eq, hash=False, repr=_summary
+    )
     negative_prompt: str | None = attrs.field(default=None, converter=_negative_prompt)
-    prompt_embeds: Any = _media_field(_optional_prompt_embeds, default=None)
-    negative_prompt_embeds: Any = _media_field(_negative_prompt_embeds_list, default=None)
+    prompt_embeds: Any = attrs.field(
+        converter=_optional_prompt_embeds, default=None, eq=_media_eq, hash=False, repr=_summary
+    )
+    negative_prompt_embeds: Any = attrs.field(
+        converter=_negative_prompt_embeds_list, default=None, eq=_media_eq, hash=False, repr=_summary
+    )
 
 
 @attrs.frozen(kw_only=True)
 class EmbedsPrompt(_Prompt):
     """A prompt given as embeddings (vLLM's ``EmbedsPrompt``, vllm-omni's ``OmniEmbedsPrompt``)."""
 
-    prompt_embeds: Any = _media_field(_prompt_embeds)
+    prompt_embeds: Any = attrs.field(converter=_prompt_embeds, eq=_media_eq, hash=False, repr=_summary)
     prompt: str | None = attrs.field(default=None, converter=_optional_prompt)
     prompt_token_ids: PVector[int] | None = attrs.field(default=None, converter=_optional_prompt_token_ids)
     prompt_is_token_ids: PVector[bool] | None = attrs.field(default=None, converter=_prompt_is_token_ids)
-    negative_prompt_embeds: Any = _media_field(_negative_prompt_embeds_list, default=None)
+    negative_prompt_embeds: Any = attrs.field(
+        converter=_negative_prompt_embeds_list, default=None, eq=_media_eq, hash=False, repr=_summary
+    )
 
 
 SinglePrompt: TypeAlias = TextPrompt | TokensPrompt | EmbedsPrompt
