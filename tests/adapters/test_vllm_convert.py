@@ -1,0 +1,148 @@
+"""to_vllm / from_vllm without vLLM installed: shapes, round trips and errors.
+
+The same conversions are proven against the real renderer in tests/vllm.
+"""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+from omni_requests import (
+    EncoderDecoderPrompt,
+    InvalidPromptError,
+    MediaHasher,
+    PromptTypeError,
+    TextPrompt,
+    TokensPrompt,
+    scope_to_replica,
+)
+from omni_requests_vllm import from_vllm, to_vllm
+
+from ..conftest import video
+
+
+def test_text_prompt_renders_only_the_fields_that_are_set() -> None:
+    assert to_vllm(TextPrompt(prompt="hi")) == {"prompt": "hi"}
+    assert to_vllm(TokensPrompt(prompt_token_ids=[1, 2], cache_salt="s")) == {
+        "prompt_token_ids": [1, 2],
+        "cache_salt": "s",
+    }
+
+
+def test_media_become_plain_lists_and_keys_are_rendered(hasher: MediaHasher) -> None:
+    frames = video(1)
+    p = TextPrompt(
+        prompt="<video>",
+        multi_modal_data={"video": (frames, {"fps": 2.0, "frames_indices": [0, 1, 2]})},
+        mm_processor_kwargs={"size": {"shortest_edge": 8}},
+    )
+    out = to_vllm(scope_to_replica(p, 1, hasher=hasher))
+    item = out["multi_modal_data"]["video"][0]
+    assert type(item) is tuple and type(item[1]) is dict and type(item[1]["frames_indices"]) is list
+    assert np.shares_memory(item[0], frames)
+    assert out["mm_processor_kwargs"] == {"size": {"shortest_edge": 8}}
+    assert type(out["mm_processor_kwargs"]["size"]) is dict
+    assert out["multi_modal_uuids"] == {
+        "video": [f"stage0:rep1:{hasher.key('video', p.multi_modal_data['video'][0])}"]
+    }
+
+
+def test_the_engine_may_change_the_dict_without_reaching_the_record(hasher: MediaHasher) -> None:
+    p = scope_to_replica(
+        TextPrompt(prompt="x", multi_modal_data={"video": video(1)}, additional_information={"ids": [1]}),
+        0,
+        hasher=hasher,
+    )
+    before = copy.deepcopy(p)
+    out = to_vllm(p)
+    out["multi_modal_uuids"]["video"][0] = "stage0:rep1:stage0:rep0:stale"
+    out["multi_modal_data"]["video"].append(video(2))
+    out["additional_information"]["global_request_id"] = "r-1"
+    out["additional_information"]["ids"].append(2)
+    assert p == before
+    assert to_vllm(p)["additional_information"] == {"ids": [1]}
+
+
+def test_round_trip_through_dicts() -> None:
+    d = {
+        "prompt_token_ids": [5, 6, 7],
+        "prompt": "a b c",
+        "multi_modal_data": {"image": [np.zeros((2, 2, 3), np.uint8), None]},
+        "multi_modal_uuids": {"image": [None, "cached"]},
+        "media_io_kwargs": {"image": {"mode": "RGB"}},
+        "cache_salt": "tenant-a",
+    }
+    record = from_vllm(d)
+    assert isinstance(record, TokensPrompt)
+    out = to_vllm(record)
+    assert {k: v for k, v in out.items() if k != "multi_modal_data"} == {
+        k: v for k, v in d.items() if k != "multi_modal_data"
+    }
+    image, none = out["multi_modal_data"]["image"]
+    assert np.shares_memory(image, d["multi_modal_data"]["image"][0]) and none is None  # type: ignore[index]
+    assert from_vllm(out) == record
+
+
+def test_str_and_token_list_prompts() -> None:
+    assert from_vllm("hello") == TextPrompt(prompt="hello")
+    assert from_vllm([1, 2]) == TokensPrompt(prompt_token_ids=[1, 2])
+
+
+def test_encoder_decoder_round_trip() -> None:
+    d = {"encoder_prompt": {"prompt": "x"}, "decoder_prompt": {"prompt_token_ids": [1]}}
+    record = from_vllm(d)
+    assert isinstance(record, EncoderDecoderPrompt)
+    assert to_vllm(record) == d
+
+
+def test_from_vllm_does_not_change_its_input() -> None:
+    d = {"prompt": "x", "multi_modal_data": {"video": [video(1)]}, "multi_modal_uuids": {"video": "v"}}
+    before = copy.deepcopy(d)
+    from_vllm(d)
+    assert pickle.dumps(d) == pickle.dumps(before)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "error", "path"),
+    [
+        ({"prompt": "x", "colour": "red"}, InvalidPromptError, "$.colour"),
+        ({"multi_modal_data": {}}, InvalidPromptError, "$"),
+        ({"prompt": 3}, PromptTypeError, "$.prompt"),
+        (3.5, PromptTypeError, "$"),
+        ({"encoder_prompt": {"prompt": "x", "bad": 1}}, InvalidPromptError, "$.encoder_prompt.bad"),
+        (
+            {
+                "encoder_prompt": {
+                    "prompt": "x",
+                    "multi_modal_uuids": {"image": [1]},
+                    "multi_modal_data": {"image": [None]},
+                }
+            },
+            PromptTypeError,
+            "$.encoder_prompt.multi_modal_uuids.image[0]",
+        ),
+        ({"encoder_prompt": "x", "extra": 1}, InvalidPromptError, "$.extra"),
+        (
+            {
+                "prompt": "x",
+                "multi_modal_data": {"video": [video(1)]},
+                "multi_modal_uuids": {"video": ["stage0:rep0:abc"]},
+            },
+            InvalidPromptError,
+            "$.multi_modal_uuids.video[0]",
+        ),
+    ],
+)
+def test_bad_dicts_name_the_field(prompt: object, error: type[Exception], path: str) -> None:
+    with pytest.raises(error) as caught:
+        from_vllm(prompt)
+    assert caught.value.path == path  # type: ignore[attr-defined]
+
+
+def test_to_vllm_refuses_non_records() -> None:
+    with pytest.raises(PromptTypeError):
+        to_vllm({"prompt": "x"})  # type: ignore[call-overload]

@@ -1,0 +1,158 @@
+"""MediaHasher without vLLM: the framed stream, layouts, caching and argument checks.
+
+Bit-for-bit parity with vLLM's own hasher is proven in tests/vllm/test_hash_parity.py.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+from blake3 import blake3
+
+from omni_requests import InvalidPromptError, MediaHasher, PromptTypeError, TextPrompt, _hashing
+
+from .conftest import video
+
+
+def _framed(chunk: bytes) -> bytes:
+    return len(chunk).to_bytes(8, "little") + chunk
+
+
+def _leaf_int(value: int) -> bytes:
+    return b"\x03" + _framed(np.array(value).tobytes())
+
+
+def test_stream_matches_the_documented_framing() -> None:
+    """Written from vLLM's framing rules by hand, independently of the implementation."""
+    image = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
+    stream = (
+        _framed(b"image")  # kwargs sorted by name: "image" < "model_id"
+        + b"\x03"
+        + _framed(b"ndarray")
+        + b"\x02"
+        + (3).to_bytes(8, "little")
+        + _framed(b"dtype")
+        + b"\x03"
+        + _framed(b"|u1")
+        + _framed(b"shape")
+        + b"\x01"
+        + (3).to_bytes(8, "little")
+        + _leaf_int(2)
+        + _leaf_int(2)
+        + _leaf_int(3)
+        + _framed(b"data")
+        + b"\x03"
+        + _framed(image.tobytes())
+        + _framed(b"model_id")
+        + b"\x03"
+        + _framed(b"m")
+    )
+    assert MediaHasher("m").key("image", image) == blake3(stream).hexdigest()
+
+
+def test_non_contiguous_arrays_hash_like_their_contiguous_copy(hasher: MediaHasher) -> None:
+    frames = video(3, frames=5)
+    strided = frames[::2, :, ::-1]
+    assert not strided.flags.c_contiguous
+    assert hasher.key("video", strided) == hasher.key("video", np.ascontiguousarray(strided))
+
+
+def test_large_non_contiguous_arrays_stream_in_blocks(
+    hasher: MediaHasher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_hashing, "_BLOCK_BYTES", 64)  # force many blocks on a small array
+    frames = video(4, frames=9)[:, ::2]
+    assert hasher.key("video", frames) == hasher.key("video", np.ascontiguousarray(frames))
+
+
+def test_parallel_blake3_gives_the_same_digest(hasher: MediaHasher, monkeypatch: pytest.MonkeyPatch) -> None:
+    frames = video(5)
+    serial = hasher.key("video", frames)
+    monkeypatch.setattr(_hashing, "_PARALLEL_BYTES", 1)
+    assert hasher.key("video", frames.copy()) == serial
+
+
+def test_algorithms_give_their_own_digests() -> None:
+    item = video(6)
+    keys = {alg: MediaHasher("m", alg).key("video", item) for alg in ("blake3", "sha256", "sha512")}
+    assert len(set(keys.values())) == 3
+    assert [len(k) for k in keys.values()] == [64, 64, 128]
+
+
+def test_model_id_and_modality_are_part_of_the_key() -> None:
+    item = video(7)
+    assert MediaHasher("a").key("video", item) != MediaHasher("b").key("video", item)
+    assert MediaHasher("a").key("video", item) != MediaHasher("a").key("image", item)
+
+
+def test_dtype_and_shape_are_part_of_the_key(hasher: MediaHasher) -> None:
+    raw = np.zeros(12, np.uint8)
+    assert hasher.key("image", raw) != hasher.key("image", raw.reshape(3, 4))
+    assert hasher.key("image", raw) != hasher.key("image", raw.view(np.int8))
+
+
+@pytest.fixture
+def digests(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """Records every real digest computation (cache misses)."""
+    seen: list[object] = []
+    compute = MediaHasher._digest
+
+    def counting(self: MediaHasher, modality: str, item: object) -> str:
+        seen.append(item)
+        return compute(self, modality, item)
+
+    monkeypatch.setattr(MediaHasher, "_digest", counting)
+    return seen
+
+
+def test_read_only_items_are_hashed_once(hasher: MediaHasher, digests: list[object]) -> None:
+    frames = video(8)
+    frames.flags.writeable = False
+    prompt = TextPrompt(prompt="x", multi_modal_data={"video": [frames, (frames, {"fps": 1.0})]})
+    items = prompt.multi_modal_data["video"]
+    first = [hasher.key("video", item) for item in items]
+    again = [hasher.key("video", item) for item in items for _ in range(5)]
+    assert again == [k for k in first for _ in range(5)]
+    assert len(digests) == 2
+
+
+def test_items_the_caller_can_still_write_are_rehashed(hasher: MediaHasher, digests: list[object]) -> None:
+    frames = video(9)
+    item = TextPrompt(prompt="x", multi_modal_data={"video": frames}).multi_modal_data["video"][0]
+    before = hasher.key("video", item)
+    frames[0, 0, 0, 0] ^= 0xFF  # the caller writes through its own reference
+    after = hasher.key("video", item)
+    assert before != after, "a key must follow the bytes it stands for"
+    assert len(digests) == 2
+
+
+def test_cache_entries_go_with_their_arrays(hasher: MediaHasher) -> None:
+    frames = video(10)
+    frames.flags.writeable = False
+    size = len(_hashing._CACHE)
+    hasher.key("video", frames)
+    assert len(_hashing._CACHE) == size + 1
+    del frames
+    gc.collect()
+    assert len(_hashing._CACHE) == size
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "path"),
+    [
+        (("",), InvalidPromptError, "$.model_id"),
+        ((3,), PromptTypeError, "$.model_id"),
+        (("m", "md5"), InvalidPromptError, "$.algorithm"),
+    ],
+)
+def test_bad_hasher_arguments(args: tuple[object, ...], error: type[Exception], path: str) -> None:
+    with pytest.raises(error) as caught:
+        MediaHasher(*args)  # type: ignore[arg-type]
+    assert caught.value.path == path  # type: ignore[attr-defined]
+
+
+def test_model_id_is_not_a_modality(hasher: MediaHasher) -> None:
+    with pytest.raises(InvalidPromptError, match="not a modality"):
+        hasher.key("model_id", video(1))

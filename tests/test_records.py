@@ -1,0 +1,246 @@
+"""Records: what they accept, how they freeze it, and the errors for what they refuse."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import pytest
+from PIL import Image
+from pyrsistent import PMap, PVector, pvector
+
+from omni_requests import (
+    EmbedsPrompt,
+    EncoderDecoderPrompt,
+    FrozenDict,
+    InvalidPromptError,
+    OmniRequestsError,
+    PromptTypeError,
+    TextPrompt,
+    TokensPrompt,
+)
+
+from .conftest import video
+
+
+def test_plain_values_become_persistent_collections() -> None:
+    p = TextPrompt(
+        prompt="<image>",
+        multi_modal_data={"image": [np.zeros((2, 2, 3), np.uint8)]},
+        multi_modal_uuids={"image": ["a"]},
+        mm_processor_kwargs={"size": {"h": 2}},
+    )
+    assert isinstance(p.multi_modal_data, PMap)
+    assert isinstance(p.multi_modal_data["image"], PVector)
+    assert p.multi_modal_uuids["image"] == pvector(["a"])
+    assert isinstance(p.mm_processor_kwargs, FrozenDict)
+    assert isinstance(p.mm_processor_kwargs["size"], FrozenDict)
+
+
+def test_single_item_and_bare_string_uuid_equal_the_list_forms() -> None:
+    image = np.zeros((2, 2, 3), np.uint8)
+    single = TextPrompt(prompt="x", multi_modal_data={"image": image}, multi_modal_uuids={"image": "u"})
+    listed = TextPrompt(prompt="x", multi_modal_data={"image": [image]}, multi_modal_uuids={"image": ["u"]})
+    assert single == listed
+
+
+@pytest.mark.parametrize(
+    ("modality", "value", "count"),
+    [
+        ("image", np.zeros((2, 2, 3), np.uint8), 1),  # one HWC image
+        ("image", np.zeros((4, 2, 2, 3), np.uint8), 4),  # a batch splits
+        ("video", np.zeros((4, 2, 2, 3), np.uint8), 1),  # one THWC video
+        ("video", [np.zeros((2, 2, 3), np.uint8)] * 3, 1),  # frames of one video
+        ("video", [np.zeros((3, 2, 2, 3), np.uint8)] * 2, 2),  # two videos
+        ("video", (np.zeros((3, 2, 2, 3), np.uint8), {"fps": 2.0}), 1),  # with metadata
+        ("audio", (np.zeros(16, np.float32), 16000), 1),
+        ("audio", np.zeros(16, np.float32), 1),
+        ("audio", [0.1, 0.2, 0.3], 1),  # one waveform as floats
+        ("audio", np.zeros((2, 16), np.float32), 2),
+    ],
+)
+def test_items_are_counted_the_way_vllm_parses_them(modality: str, value: object, count: int) -> None:
+    p = TextPrompt(prompt="x", multi_modal_data={modality: value})
+    assert len(p.multi_modal_data[modality]) == count
+
+
+def test_attribute_assignment_fails() -> None:
+    p = TextPrompt(prompt="x")
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        p.prompt = "y"  # type: ignore[misc]
+
+
+def test_numpy_payload_is_a_read_only_view_without_a_copy() -> None:
+    frames = video(0)
+    p = TextPrompt(prompt="x", multi_modal_data={"video": frames})
+    stored = p.multi_modal_data["video"][0]
+    assert np.shares_memory(stored, frames)
+    with pytest.raises(ValueError, match="read-only"):
+        stored[0, 0, 0, 0] = 1
+    assert frames.flags.writeable, "the caller's own array must stay as it was"
+
+
+def test_caller_containers_are_not_changed_or_shared() -> None:
+    frames = [np.zeros((2, 2, 3), np.uint8)] * 2
+    data = {"video": frames}
+    uuids = {"video": ["v"]}
+    p = TextPrompt(prompt="x", multi_modal_data=data, multi_modal_uuids=uuids)
+    frames.append(np.ones((2, 2, 3), np.uint8))
+    uuids["video"][0] = "changed"
+    assert len(p.multi_modal_data["video"][0]) == 2
+    assert p.multi_modal_uuids["video"][0] == "v"
+    assert data == {"video": frames} and uuids == {"video": ["changed"]}
+
+
+def test_additional_information_cannot_reach_the_caller() -> None:
+    info: dict[str, object] = {"speaker": "a", "lists": [1, 2]}
+    p = TextPrompt(prompt="x", additional_information=info)
+    info["global_request_id"] = "r1"
+    info["lists"].append(3)  # type: ignore[attr-defined]
+    assert dict(p.additional_information or {}) == {"speaker": "a", "lists": pvector([1, 2])}
+
+
+def test_evolve_accepts_plain_values_and_checks_them() -> None:
+    p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)}, multi_modal_uuids={"video": "v1"})
+    q = attrs.evolve(p, multi_modal_data={"video": [video(2), video(3)]}, multi_modal_uuids=None)
+    assert len(q.multi_modal_data["video"]) == 2
+    with pytest.raises(InvalidPromptError, match="got 1 vs 2"):
+        attrs.evolve(p, multi_modal_data={"video": [video(2), video(3)]})
+
+
+def test_evolve_keeps_unchanged_media_without_rechecking() -> None:
+    p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    q = attrs.evolve(p, prompt="y")
+    assert q.multi_modal_data is p.multi_modal_data
+
+
+def test_equality_compares_media_by_content() -> None:
+    a = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    assert a == TextPrompt(prompt="x", multi_modal_data={"video": video(1).copy()})
+    assert a != TextPrompt(prompt="x", multi_modal_data={"video": video(2)})
+    assert hash(a) == hash(TextPrompt(prompt="x", multi_modal_data={"video": video(2)}))
+
+
+def test_pil_images_compare_by_pixels_and_palette() -> None:
+    red = Image.new("RGB", (2, 2), (255, 0, 0))
+    assert TextPrompt(prompt="x", multi_modal_data={"image": red}) == TextPrompt(
+        prompt="x", multi_modal_data={"image": red.copy()}
+    )
+    assert TextPrompt(prompt="x", multi_modal_data={"image": red}) != TextPrompt(
+        prompt="x", multi_modal_data={"image": Image.new("RGB", (2, 2))}
+    )
+
+
+def test_repr_summarises_media() -> None:
+    p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    assert "ndarray(uint8, 3x8x8x3)" in repr(p)
+    assert len(repr(p)) < 400
+
+
+def test_token_ids_accept_numpy_ints_and_store_python_ints() -> None:
+    p = TokensPrompt(prompt_token_ids=np.array([1, 2, 3]))
+    assert list(p.prompt_token_ids) == [1, 2, 3]
+    assert all(type(t) is int for t in p.prompt_token_ids)
+
+
+def test_encoder_decoder_holds_two_single_prompts() -> None:
+    p = EncoderDecoderPrompt(
+        encoder_prompt=TextPrompt(prompt="a"), decoder_prompt=TokensPrompt(prompt_token_ids=[1])
+    )
+    assert p.decoder_prompt is not None
+    with pytest.raises(PromptTypeError, match=r"\$\.encoder_prompt"):
+        EncoderDecoderPrompt(encoder_prompt="a")  # type: ignore[arg-type]
+
+
+# -- errors: raised before anything is built, naming the field --
+
+_IMAGE = np.zeros((2, 2, 3), np.uint8)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "path", "words"),
+    [
+        (
+            {"multi_modal_data": {"image": [_IMAGE]}, "multi_modal_uuids": {"image": ["a", "b"]}},
+            InvalidPromptError,
+            "$.multi_modal_uuids.image",
+            "If given, multi_modal_uuids['image'] must have same length as multi_modal_data['image'], "
+            "but got 2 vs 1.",
+        ),
+        (
+            {"multi_modal_data": {"image": [None]}},
+            InvalidPromptError,
+            "$.multi_modal_uuids.image[0]",
+            "multi_modal_data['image'][0] is empty but multi_modal_uuids['image'][0] is missing.",
+        ),
+        (
+            {"multi_modal_data": {"image": [_IMAGE]}, "multi_modal_uuids": {"image": [7]}},
+            PromptTypeError,
+            "$.multi_modal_uuids.image[0]",
+            "must be a str or None, got int",
+        ),
+        (
+            {"multi_modal_data": {"image": [_IMAGE]}, "multi_modal_uuids": {"image": [""]}},
+            InvalidPromptError,
+            "$.multi_modal_uuids.image[0]",
+            "must not be empty",
+        ),
+        (
+            {"multi_modal_data": {"image": [_IMAGE]}, "multi_modal_uuids": {"image": ["stage0:rep1:abc"]}},
+            InvalidPromptError,
+            "$.multi_modal_uuids.image[0]",
+            "has been through an engine",
+        ),
+        ({"multi_modal_data": {"image": None}}, InvalidPromptError, "$.multi_modal_data.image", "is None"),
+        ({"multi_modal_data": [_IMAGE]}, PromptTypeError, "$.multi_modal_data", "must be a mapping"),
+        (
+            {"multi_modal_data": {"image": [object()]}},
+            PromptTypeError,
+            "$.multi_modal_data.image[0]",
+            "unsupported media value of type object",
+        ),
+        (
+            {"multi_modal_data": {"image": [np.array([object()])]}},
+            PromptTypeError,
+            "$.multi_modal_data.image[0]",
+            "dtype object",
+        ),
+        ({"multi_modal_data": {3: [_IMAGE]}}, PromptTypeError, "$.multi_modal_data", "must be str"),
+        ({"cache_salt": 5}, PromptTypeError, "$.cache_salt", "must be a str, got int"),
+        ({"mm_processor_kwargs": ["x"]}, PromptTypeError, "$.mm_processor_kwargs", "must be a mapping"),
+        ({"media_io_kwargs": {"video": 3}}, PromptTypeError, "$.media_io_kwargs.video", "must be a mapping"),
+        ({"prompt_embeds": [1.0]}, PromptTypeError, "$.prompt_embeds", "torch.Tensor"),
+    ],
+)
+def test_bad_input_names_the_field(
+    kwargs: dict[str, object], error: type[OmniRequestsError], path: str, words: str
+) -> None:
+    with pytest.raises(error) as caught:
+        TextPrompt(prompt="x", **kwargs)  # type: ignore[arg-type]
+    assert caught.value.path == path
+    assert words in str(caught.value)
+
+
+def test_errors_subclass_the_builtin_families() -> None:
+    assert issubclass(InvalidPromptError, ValueError)
+    assert issubclass(PromptTypeError, TypeError)
+
+
+@pytest.mark.parametrize(
+    ("kind", "kwargs", "path"),
+    [
+        (TextPrompt, {"prompt": 3}, "$.prompt"),
+        (TokensPrompt, {"prompt_token_ids": "abc"}, "$.prompt_token_ids"),
+        (TokensPrompt, {"prompt_token_ids": [1, True]}, "$.prompt_token_ids[1]"),
+        (TokensPrompt, {"prompt_token_ids": [1, 2.5]}, "$.prompt_token_ids[1]"),
+        (EmbedsPrompt, {"prompt_embeds": np.zeros((2, 2))}, "$.prompt_embeds"),
+    ],
+)
+def test_main_field_types_are_checked(kind: type, kwargs: dict[str, object], path: str) -> None:
+    with pytest.raises(PromptTypeError) as caught:
+        kind(**kwargs)
+    assert caught.value.path == path
+
+
+def test_unknown_field_is_refused() -> None:
+    with pytest.raises(TypeError, match="colour"):
+        TextPrompt(prompt="x", colour="red")  # type: ignore[call-arg]

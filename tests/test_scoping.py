@@ -1,0 +1,174 @@
+"""scope_to_replica and media keys: the template-reuse bug cannot happen with records."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import attrs
+import numpy as np
+import pytest
+
+from omni_requests import (
+    EncoderDecoderPrompt,
+    InvalidPromptError,
+    KeyOrigin,
+    MediaHasher,
+    PromptTypeError,
+    TextPrompt,
+    TokensPrompt,
+    media_keys,
+    rendered_uuids,
+    scope_to_replica,
+)
+
+from .conftest import video
+
+
+def _key(prompt: TextPrompt, modality: str = "video", index: int = 0) -> str | None:
+    keys = rendered_uuids(prompt)
+    assert keys is not None
+    return keys[modality][index]
+
+
+def test_used_template_and_three_copies_over_two_replicas_get_four_distinct_keys(
+    hasher: MediaHasher,
+) -> None:
+    first = video(0)
+    template = TextPrompt(prompt="<video> describe", multi_modal_data={"video": first})
+    pristine = copy.deepcopy(template)
+    replicas = itertools.cycle([0, 1])
+    used = scope_to_replica(template, next(replicas), hasher=hasher)  # "went through the engine"
+    copies = [attrs.evolve(used, multi_modal_data={"video": video(seed)}) for seed in (1, 2, 3)]
+    scoped = [scope_to_replica(c, next(replicas), hasher=hasher) for c in copies]
+
+    keys = [_key(p) for p in [used, *scoped]]
+    assert len(set(keys)) == 4
+    assert all(k is not None and k.count("stage0:") == 1 for k in keys)
+    assert keys[0] == f"stage0:rep0:{hasher.key('video', first)}"
+    for seed, key, replica in zip((1, 2, 3), keys[1:], (1, 0, 1), strict=True):
+        assert key == f"stage0:rep{replica}:{hasher.key('video', video(seed))}"
+    assert template == pristine
+    assert template.scope is None
+    np.testing.assert_array_equal(template.multi_modal_data["video"][0], video(0))
+
+
+def test_rescoping_replaces_the_scope_and_keeps_the_base(hasher: MediaHasher) -> None:
+    p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    base = hasher.key("video", video(1))
+    retried = scope_to_replica(scope_to_replica(p, 0, hasher=hasher), 1, hasher=hasher)
+    assert _key(retried) == f"stage0:rep1:{base}"
+    again = scope_to_replica(retried, 3, hasher=hasher, stage_id=2)
+    assert _key(again) == f"stage2:rep3:{base}"
+
+
+def test_replacing_media_never_keeps_the_old_media_key(hasher: MediaHasher) -> None:
+    old, new = video(1), video(2)
+    scoped = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": old}), 1, hasher=hasher)
+    copied = attrs.evolve(scoped, multi_modal_data={"video": new})
+    assert _key(copied) == f"stage0:rep1:{hasher.key('video', new)}"
+    assert hasher.key("video", old) not in str(rendered_uuids(copied))
+
+
+def test_writes_through_the_callers_array_change_the_key(hasher: MediaHasher) -> None:
+    frames = video(1)
+    scoped = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": frames}), 0, hasher=hasher)
+    before = _key(scoped)
+    frames[:] = 0
+    assert _key(scoped) == f"stage0:rep0:{hasher.key('video', np.zeros_like(frames))}" != before
+
+
+def test_user_uuids_are_the_base_and_none_items_stay_none(hasher: MediaHasher) -> None:
+    p = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": [np.zeros((2, 2, 3), np.uint8), None, np.ones((2, 2, 3), np.uint8)]},
+        multi_modal_uuids={"image": ["cat", "cached-dog", None]},
+    )
+    keys = media_keys(scope_to_replica(p, 1, hasher=hasher))["image"]
+    assert [k.render() if k else None for k in keys] == [
+        "stage0:rep1:cat",
+        "stage0:rep1:cached-dog",
+        f"stage0:rep1:{hasher.key('image', np.ones((2, 2, 3), np.uint8))}",
+    ]
+    assert [k.origin if k else None for k in keys] == [KeyOrigin.USER, KeyOrigin.USER, KeyOrigin.CONTENT]
+
+
+def test_uuids_without_data_are_scoped_too(hasher: MediaHasher) -> None:
+    # vLLM accepts UUIDs for a modality that sends no data this time (a cache-only reference).
+    p = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)},
+        multi_modal_uuids={"audio": "a1"},
+    )
+    keys = rendered_uuids(scope_to_replica(p, 0, hasher=hasher))
+    assert keys is not None and keys["audio"] == ["stage0:rep0:a1"]
+
+
+def test_unscoped_prompts_render_only_the_callers_uuids() -> None:
+    p = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": [None, np.zeros((2, 2, 3), np.uint8)]},
+        multi_modal_uuids={"image": ["u", None]},
+    )
+    assert rendered_uuids(p) == {"image": ["u", None]}
+    assert rendered_uuids(TextPrompt(prompt="x", multi_modal_data={"image": np.zeros((2, 2, 3))})) is None
+
+
+def test_unscoped_content_keys_need_a_hasher(hasher: MediaHasher) -> None:
+    p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    with pytest.raises(PromptTypeError, match="needs a MediaHasher"):
+        media_keys(p)
+    key = media_keys(p, hasher)["video"][0]
+    assert key is not None and key.scope is None and key.render() == hasher.key("video", video(1))
+
+
+def test_prompt_without_media_comes_back_as_itself(hasher: MediaHasher) -> None:
+    p = TokensPrompt(prompt_token_ids=[1, 2])
+    assert scope_to_replica(p, 1, hasher=hasher) is p
+
+
+def test_same_scope_again_is_the_same_object(hasher: MediaHasher) -> None:
+    p = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": video(1)}), 1, hasher=hasher)
+    assert scope_to_replica(p, 1, hasher=MediaHasher(hasher.model_id)) is p
+
+
+def test_scoping_leaves_its_input_untouched(hasher: MediaHasher) -> None:
+    p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)}, additional_information={"k": [1]})
+    before = copy.deepcopy(p)
+    q = scope_to_replica(p, 1, hasher=hasher)
+    assert q is not p and p == before and p.scope is None
+    assert q.multi_modal_data is p.multi_modal_data  # shared, not copied: it cannot change
+
+
+def test_encoder_decoder_prompts_scope_their_parts(hasher: MediaHasher) -> None:
+    enc = TextPrompt(prompt="x", multi_modal_data={"audio": (np.zeros(8, np.float32), 16000)})
+    p = EncoderDecoderPrompt(encoder_prompt=enc, decoder_prompt=TextPrompt(prompt="y"))
+    q = scope_to_replica(p, 2, hasher=hasher)
+    assert q.encoder_prompt.scope is not None and q.encoder_prompt.scope.replica_id == 2
+    assert q.decoder_prompt is p.decoder_prompt
+    text_only = EncoderDecoderPrompt(encoder_prompt=TextPrompt(prompt="x"))
+    assert scope_to_replica(text_only, 2, hasher=hasher) is text_only
+
+
+@pytest.mark.parametrize(
+    ("replica_id", "stage_id", "error", "path"),
+    [
+        (-1, 0, InvalidPromptError, "replica_id"),
+        (True, 0, PromptTypeError, "replica_id"),
+        ("1", 0, PromptTypeError, "replica_id"),
+        (0, -2, InvalidPromptError, "stage_id"),
+    ],
+)
+def test_bad_scope_arguments(
+    hasher: MediaHasher, replica_id: object, stage_id: object, error: type[Exception], path: str
+) -> None:
+    p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    with pytest.raises(error) as caught:
+        scope_to_replica(p, replica_id, hasher=hasher, stage_id=stage_id)  # type: ignore[arg-type]
+    assert caught.value.path == path  # type: ignore[attr-defined]
+
+
+def test_hasher_must_be_a_media_hasher() -> None:
+    p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    with pytest.raises(PromptTypeError, match="MediaHasher"):
+        scope_to_replica(p, 0, hasher="m")  # type: ignore[arg-type]
