@@ -1,0 +1,88 @@
+"""The omni-requests command: the demo and the key printer."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from omni_requests import MediaHasher
+from omni_requests._cli import main
+from omni_requests._demo import run_demo, sample_videos
+
+
+def test_demo_shows_the_stale_key_with_dicts_and_four_keys_with_records() -> None:
+    dict_rows, record_rows = run_demo()
+    assert len({r.key for r in dict_rows}) < len(dict_rows)
+    assert any(r.key.count("stage0:") == 2 for r in dict_rows), "the write-back stacks prefixes"
+    assert any(r.served != r.sent for r in dict_rows), "a replica serves another video's features"
+    assert len({r.key for r in record_rows}) == 4
+    assert all(r.key.count("stage0:") == 1 and r.served == r.sent for r in record_rows)
+
+
+def test_demo_command_prints_the_report(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo"]) == 0
+    out = capsys.readouterr().out
+    assert "WRONG FEATURES" in out
+    assert "4 distinct keys for 4 different videos; requests served another video's features: 0" in out
+
+
+def test_sample_videos_are_distinct() -> None:
+    videos = list(sample_videos().values())
+    assert len({v.tobytes() for v in videos}) == len(videos) == 4
+
+
+def test_key_prints_the_content_key_of_each_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    frames = np.arange(2 * 4 * 4 * 3, dtype=np.uint8).reshape(2, 4, 4, 3)
+    np.save(tmp_path / "clip.npy", frames)
+    image = Image.new("RGB", (4, 3), (10, 20, 30))
+    image.save(tmp_path / "pic.png")
+    assert (
+        main(
+            [
+                "key",
+                "--model",
+                "m",
+                "--algorithm",
+                "sha256",
+                str(tmp_path / "clip.npy"),
+                str(tmp_path / "pic.png"),
+            ]
+        )
+        == 0
+    )
+    hasher = MediaHasher("m", "sha256")
+    assert capsys.readouterr().out.splitlines() == [
+        f"{hasher.key('video', frames)}  {tmp_path / 'clip.npy'}",
+        f"{hasher.key('image', image)}  {tmp_path / 'pic.png'}",
+    ]
+
+
+def test_key_reports_bad_files_and_keeps_going(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.save(tmp_path / "odd.npy", np.zeros((2, 2), np.uint8))
+    np.save(tmp_path / "ok.npy", np.zeros(4, np.float32))
+    status = main(
+        [
+            "key",
+            "--model",
+            "m",
+            str(tmp_path / "missing.png"),
+            str(tmp_path / "odd.npy"),
+            str(tmp_path / "ok.npy"),
+        ]
+    )
+    captured = capsys.readouterr()
+    assert status == 1
+    assert "missing.png" in captured.err and "pass --modality" in captured.err
+    assert captured.out.endswith(f"  {tmp_path / 'ok.npy'}\n")
+
+
+def test_module_entry_point_runs() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "omni_requests", "demo"], capture_output=True, text=True, check=True
+    )
+    assert "omni-requests records" in result.stdout
