@@ -7,7 +7,7 @@ boundary. See https://omni-requests.readthedocs.io (``docs/``) for the guide.
 
 from ._errors import InvalidPromptError, OmniRequestsError, PromptTypeError
 from ._hashing import HashAlgorithm, MediaHasher
-from ._keys import KeyOrigin, MediaKey, Scope
+from ._keys import KeyOrigin, KeyPolicy, MediaKey, Scope
 from ._media import FrozenDict
 from ._records import (
     EmbedsPrompt,
@@ -26,6 +26,7 @@ __all__ = [
     "HashAlgorithm",
     "InvalidPromptError",
     "KeyOrigin",
+    "KeyPolicy",
     "MediaHasher",
     "MediaKey",
     "OmniRequestsError",

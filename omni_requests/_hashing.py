@@ -4,17 +4,23 @@ The byte stream fed to the digest follows vLLM >= 0.31: every chunk is preceded 
 its length (8 bytes, little endian) and every value by a tag (None, sequence, mapping,
 leaf), so distinct inputs cannot produce the same stream. Where vLLM copies (a PIL
 image through ``np.asarray``, a non-contiguous array through ``tobytes``) we feed the
-same bytes without building the intermediate objects.
+same bytes without building the intermediate objects: an image's pixels are packed and
+hashed a chunk at a time, never as one image-sized ``bytes``.
+
+:meth:`MediaHasher.fingerprint` is the cheap cousin of a key: type, shape, length and a
+fixed sample of the bytes, for binding a user UUID to the item it was given for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import os
 import pickle
 import threading
 import uuid
 import weakref
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any, Final, Literal
 
 import attrs
@@ -35,14 +41,35 @@ _TAG_SEQUENCE: Final = b"\x01"
 _TAG_MAPPING: Final = b"\x02"
 _TAG_LEAF: Final = b"\x03"
 
-# Above this size blake3 hashes with every core; the digest is the same either way.
+# Above this size blake3 hashes with every core, where there are at least _PARALLEL_CORES;
+# the digest is the same either way. On 2 cores, measured on a shared machine, threads
+# gained 0.86x to 1.23x (docs/benchmarks.md): the second core is rarely free.
 _PARALLEL_BYTES: Final = 8 << 20
+_PARALLEL_CORES: Final = 4
+_CORES: Final = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_THREADED: Final = _CORES >= _PARALLEL_CORES
 # Non-contiguous arrays are streamed in C order in blocks of about this size.
 _BLOCK_BYTES: Final = 16 << 20
 # EXIF tag 0x800D, "ImageID" (PIL.ExifTags.Base.ImageID): vLLM keys an image by this UUID when set.
 _EXIF_IMAGE_ID: Final = 0x800D
 
+# Image pixels are packed and hashed in chunks of about this size (fits in L2).
+_PIXEL_CHUNK: Final = 256 << 10
+# Image modes whose packed pixels are known to be what ``np.asarray(image)`` holds (tested).
+_STREAMED_MODES: Final = frozenset(
+    {
+        "1", "CMYK", "F", "HSV", "I", "I;16", "I;16B", "I;16L", "I;16N", "L", "LA", "La",
+        "LAB", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "YCbCr",
+    }
+)  # fmt: skip
+# A fingerprint reads buffers up to this size whole, larger ones as evenly spaced samples.
+_SAMPLES: Final = 16
+_SAMPLE_BYTES: Final = 4096
+_SAMPLED_ROWS: Final = 16
+_FINGERPRINT_HEX: Final = 32
+
 _Update = Callable[[Any], object]
+_Leaf = Callable[[_Update, object], None]
 
 
 def _length(value: int) -> bytes:
@@ -54,28 +81,28 @@ def _framed(update: _Update, chunk: bytes | memoryview) -> None:
     update(chunk)
 
 
-def _named(update: _Update, name: str, value: object) -> None:
+def _named(update: _Update, name: str, value: object, leaf: _Leaf) -> None:
     _framed(update, name.encode("utf-8"))
-    _value(update, value)
+    _value(update, value, leaf)
 
 
-def _value(update: _Update, value: object) -> None:
+def _value(update: _Update, value: object, leaf: _Leaf | None = None) -> None:
     if value is None:
         update(_TAG_NONE)
     elif isinstance(value, (list, tuple, PVector)):
         update(_TAG_SEQUENCE)
         update(_length(len(value)))
         for element in value:
-            _value(update, element)
+            _value(update, element, leaf)
     elif isinstance(value, (dict, Mapping)):
         update(_TAG_MAPPING)
         update(_length(len(value)))
         for key, element in value.items():
             _framed(update, str(key).encode("utf-8"))
-            _value(update, element)
+            _value(update, element, leaf)
     else:
         update(_TAG_LEAF)
-        _leaf(update, value)
+        (leaf or _leaf)(update, value)
 
 
 def _leaf(update: _Update, value: object) -> None:
@@ -126,9 +153,9 @@ def _pil_image(update: _Update, image: Any) -> None:
     if image_id is not None:
         _framed(update, image_id)
         return
-    # np.asarray(image) reads __array_interface__; use it directly and skip the array.
-    interface = image.__array_interface__
-    pixels: bytes = interface["data"]
+    # vLLM hashes np.asarray(image): Pillow packs the pixels into one bytes object that
+    # numpy wraps. We feed the same bytes packed a chunk at a time, with no image copy.
+    dtype, shape, nbytes, chunks = _pixels(image)
     entries: list[tuple[str, object]] = [("mode", image.mode), ("data", None)]
     palette = image.palette
     if palette is not None:
@@ -148,12 +175,90 @@ def _pil_image(update: _Update, image: Any) -> None:
         update(_TAG_MAPPING)
         update(_length(3))
         _framed(update, b"dtype")
-        _value(update, np.dtype(interface["typestr"]).str)
+        _value(update, dtype)
         _framed(update, b"shape")
-        _value(update, tuple(interface["shape"]))
+        _value(update, shape)
         _framed(update, b"data")
         update(_TAG_LEAF)
-        _framed(update, pixels)
+        update(_length(nbytes))
+        fed = 0
+        for chunk in chunks:
+            update(chunk)
+            fed += len(chunk)
+        if fed != nbytes:  # a Pillow whose packing we do not know; never return a wrong key
+            raise RuntimeError(f"packed {fed} bytes of {image.mode} pixels, expected {nbytes}")
+
+
+def _pixels(image: Any) -> tuple[str, tuple[int, ...], int, Iterable[bytes]]:
+    """dtype string, shape, byte count and bytes of ``np.asarray(image)``, packed lazily."""
+    streamed = _streamed_pixels(image) if image.mode in _STREAMED_MODES else None
+    if streamed is not None:
+        return streamed
+    interface = image.__array_interface__
+    data: bytes = interface["data"]
+    return np.dtype(interface["typestr"]).str, tuple(interface["shape"]), len(data), (data,)
+
+
+def _streamed_pixels(image: Any) -> tuple[str, tuple[int, ...], int, Iterable[bytes]] | None:
+    from PIL import Image, ImageMode  # an image exists, so Pillow is imported already
+
+    try:
+        # What Image.__array_interface__ and tobytes() do, without joining the chunks.
+        descriptor = ImageMode.getmode(image.mode)
+        dtype = np.dtype(descriptor.typestr)
+        image.load()
+        width, height = image.size
+        bands = len(descriptor.bands)
+        shape = (height, width) if bands == 1 else (height, width, bands)
+        encoder = Image._getencoder(image.mode, "raw", "L" if image.mode == "1" else image.mode)
+    except (AttributeError, KeyError, OSError, TypeError, ValueError):
+        return None  # an unfamiliar Pillow: take the copying road
+    nbytes = width * height * max(bands, 1) * dtype.itemsize
+    return dtype.str, shape, nbytes, _packed(image, encoder, nbytes)
+
+
+def _packed(image: Any, encoder: Any, nbytes: int) -> Iterator[bytes]:
+    if nbytes == 0:
+        return
+    encoder.setimage(image.im, (0, 0, *image.size))
+    bufsize = max(_PIXEL_CHUNK, image.size[0] * 4)  # a whole line at least, as tobytes() does
+    try:
+        while True:
+            _, status, chunk = encoder.encode(bufsize)
+            yield chunk
+            if status:
+                break
+    finally:
+        encoder.cleanup()
+    if status < 0:
+        raise RuntimeError(f"encoder error {status} while packing {image.mode} pixels")
+
+
+_EXIF_ORIENTATION: Final = 0x0112
+
+
+def _as_vllm_parses_image(image: Any) -> Any:
+    """``convert_image_mode(normalize_image(image), "RGB")`` of vLLM's image parser.
+
+    Copies only when the parser would change what is hashed: an EXIF orientation or
+    ImageID (its transposed copy drops the ImageID), transparency, or a non-RGB mode.
+    """
+    from PIL import Image, ImageOps  # an image exists, so Pillow is imported already
+
+    try:
+        exif = image.getexif()
+        transpose = exif.get(_EXIF_ORIENTATION, 1) != 1 or _EXIF_IMAGE_ID in exif
+    except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
+        transpose = False
+    if transpose:
+        with contextlib.suppress(Exception):
+            image = ImageOps.exif_transpose(image)
+    if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+        rgba = image if image.mode == "RGBA" else image.convert("RGBA")
+        flat = Image.new("RGB", rgba.size, (255, 255, 255))
+        flat.paste(rgba, mask=rgba.split()[3])
+        return flat
+    return image if image.mode == "RGB" else image.convert("RGB")
 
 
 def _exif_image_id(image: Any) -> bytes | None:
@@ -181,6 +286,76 @@ def _tensor(update: _Update, tensor: Any) -> None:
         )
         return
     _value(update, tensor.numpy())
+
+
+# -- fingerprints: the item's shape of things and a fixed sample of its bytes --
+
+
+def _sampled(update: _Update, buffer: memoryview, itemsize: int = 1) -> None:
+    """Feed ``buffer`` (1-D bytes) whole when small, else ``_SAMPLES`` evenly spaced pieces."""
+    nbytes = buffer.nbytes
+    update(_length(nbytes))
+    if nbytes <= _SAMPLES * _SAMPLE_BYTES:
+        update(buffer)
+        return
+    for start, stop in _sample_spans(nbytes // itemsize, max(_SAMPLE_BYTES // itemsize, 1)):
+        update(buffer[start * itemsize : stop * itemsize])
+
+
+def _sample_spans(count: int, per: int) -> list[tuple[int, int]]:
+    """``_SAMPLES`` spans of ``per`` elements out of ``count``, the first and last included."""
+    last = count - per
+    return [(i * last // (_SAMPLES - 1), i * last // (_SAMPLES - 1) + per) for i in range(_SAMPLES)]
+
+
+def _fingerprint_leaf(update: _Update, value: object) -> None:
+    if isinstance(value, (bytes, memoryview)):
+        _sampled(update, memoryview(value).cast("B"))
+    elif isinstance(value, str):
+        _sampled(update, memoryview(value.encode("utf-8")))
+    elif isinstance(value, np.ndarray):
+        _framed(update, b"ndarray")
+        _sampled_array(update, value, value.dtype.str)
+    elif is_pil_image(value):
+        _sampled_image(update, value)
+    elif is_torch_tensor(value):
+        import torch  # a tensor exists, so torch is imported already
+
+        tensor = value.detach().cpu()  # type: ignore[attr-defined]
+        _framed(update, b"tensor")
+        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; same-size view, no copy
+            _sampled_array(update, tensor.view(torch.int16).numpy(), str(tensor.dtype))
+        else:
+            _sampled_array(update, tensor.numpy(), str(tensor.dtype))
+    else:
+        _leaf(update, value)
+
+
+def _sampled_array(update: _Update, array: np.ndarray[Any, Any], dtype: str) -> None:
+    _value(update, (dtype, array.shape))
+    if array.ndim == 0 or array.nbytes <= _SAMPLES * _SAMPLE_BYTES:
+        _framed(update, array.tobytes())
+    elif array.flags.c_contiguous:
+        _sampled(update, array.reshape(-1).view(np.uint8).data, array.itemsize)
+    else:  # the same elements a contiguous copy would give, without making one
+        per = max(_SAMPLE_BYTES // array.itemsize, 1)
+        index = np.concatenate([np.arange(a, b) for a, b in _sample_spans(array.size, per)])
+        update(_length(array.nbytes))
+        update(np.ascontiguousarray(array.flat[index]).view(np.uint8).data)
+
+
+def _sampled_image(update: _Update, image: Any) -> None:
+    image_id = _exif_image_id(image)
+    _framed(update, b"image")
+    if image_id is not None:  # vLLM keys the image by this id; so does its fingerprint
+        _framed(update, image_id)
+        return
+    palette = image.palette
+    _value(update, (image.mode, image.size, None if palette is None else bytes(palette.palette)))
+    width, height = image.size
+    rows = sorted({i * (height - 1) // (_SAMPLED_ROWS - 1) for i in range(_SAMPLED_ROWS)}) if height else []
+    for row in rows:  # a few whole rows, packed one at a time
+        _framed(update, image.crop((0, row, width, row + 1)).tobytes())
 
 
 def _nbytes_hint(item: object) -> int:
@@ -228,6 +403,11 @@ class _KeyCache:
 
 _CACHE = _KeyCache()
 
+# The bytes around a plain array's data in the digest stream, per (model, modality, dtype,
+# shape); see MediaHasher._array_digest. Bounded: media come in few shapes.
+_ARRAY_FRAMES: dict[tuple[str, str, str, tuple[int, ...]], tuple[bytes, bytes]] = {}
+_MAX_ARRAY_FRAMES: Final = 1024
+
 
 def _check_model_id(_: object, attribute: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str):
@@ -237,6 +417,8 @@ def _check_model_id(_: object, attribute: attrs.Attribute[str], value: object) -
 
 
 def _check_algorithm(_: object, attribute: attrs.Attribute[str], value: object) -> None:
+    if not isinstance(value, str):  # before `in`: an array's == is elementwise
+        raise PromptTypeError(f"$.{attribute.name}", f"must be a str, got {type_name(value)}")
     if value not in _ALGORITHMS:
         raise InvalidPromptError(
             f"$.{attribute.name}", f"must be one of {', '.join(_ALGORITHMS)}, got {value!r}"
@@ -265,30 +447,108 @@ class MediaHasher:
 
     def key(self, modality: str, item: object) -> str:
         """The hex digest vLLM computes for ``item`` under ``modality``."""
-        if not isinstance(modality, str):
-            raise PromptTypeError("modality", f"must be a str, got {type_name(modality)}")
-        if modality == "model_id":
-            raise InvalidPromptError("modality", "'model_id' is not a modality name")
+        _check_modality(modality)
+        return self._cached("key", modality, item, self._digest)
+
+    def content_key(self, modality: str, item: object) -> str:
+        """The content base of ``item``'s key: :meth:`key` of the item as vLLM's parser sees it.
+
+        vLLM's parser turns an image upright by its EXIF Orientation and flattens it to RGB
+        (transparency over white) before hashing; :meth:`key` of the image as given sees
+        neither, so two images the model sees differently could share a key. For them this
+        hashes the parsed image, which is also exactly vLLM's own key; every other item
+        is hashed as given, like vllm-omni does.
+        """
+        if modality == "image" and is_pil_image(item):
+            # Modes Pillow cannot flatten to RGB (e.g. "La") vLLM cannot parse either:
+            # those images are hashed as given.
+            with contextlib.suppress(ValueError):
+                item = _as_vllm_parses_image(item)
+        return self.key(modality, item)
+
+    def fingerprint(self, modality: str, item: object) -> str:
+        """A cheap digest of ``item``: its types, dtypes, shapes, lengths and a sample of bytes.
+
+        Reads at most ``16 x 4 KiB`` of each buffer (16 rows of an image), whatever its
+        size, so it costs microseconds where :meth:`key` costs milliseconds. Equal items
+        have equal fingerprints; items that differ in type, shape, length or the sampled
+        bytes have different ones; items that differ only between samples do not. It is
+        what :attr:`KeyPolicy.bind_content` binds a user UUID to, catching a UUID reused
+        for other media; it is no content hash (see ``docs/security.md``).
+
+        >>> import numpy as np
+        >>> hasher = MediaHasher("my-model")
+        >>> ten_s, thirty_s = np.zeros(160_000, np.float32), np.zeros(480_000, np.float32)
+        >>> hasher.fingerprint("audio", ten_s) == hasher.fingerprint("audio", thirty_s)
+        False
+        """
+        _check_modality(modality)
+        return self._cached("fingerprint", modality, item, self._fingerprint)
+
+    def _cached(self, kind: str, modality: str, item: object, compute: Callable[[str, object], str]) -> str:
         leaves: list[object] = []
         token = immutable_token(item, leaves)
         if token is None or not leaves:
-            return self._digest(modality, item)
-        cache_key = (self.algorithm, self.model_id, modality, token)
+            return compute(modality, item)
+        cache_key = (kind, self.algorithm, self.model_id, modality, token)
         digest = _CACHE.get(cache_key)
         if digest is None:
-            digest = self._digest(modality, item)
+            digest = compute(modality, item)
             _CACHE.put(cache_key, digest, leaves)
         return digest
 
+    def _new_hasher(self, nbytes: int) -> Any:
+        if self.algorithm != "blake3":
+            return hashlib.new(self.algorithm)
+        return blake3(max_threads=blake3.AUTO) if _THREADED and nbytes >= _PARALLEL_BYTES else blake3()
+
     def _digest(self, modality: str, item: object) -> str:
-        hasher: Any
-        if self.algorithm == "blake3":
-            parallel = _nbytes_hint(item) >= _PARALLEL_BYTES
-            hasher = blake3(max_threads=blake3.AUTO) if parallel else blake3()
-        else:
-            hasher = hashlib.new(self.algorithm)
+        if type(item) is np.ndarray and item.ndim and item.flags.c_contiguous:
+            return self._array_digest(modality, item)
+        hasher = self._new_hasher(_nbytes_hint(item))
         update = hasher.update
         for name, value in sorted((("model_id", self.model_id), (modality, item))):
-            _named(update, name, value)
+            _named(update, name, value, _leaf)
         digest: str = hasher.hexdigest()
         return digest
+
+    def _array_digest(self, modality: str, array: np.ndarray[Any, Any]) -> str:
+        """The common case, a plain contiguous array, in three updates: framing, bytes, framing.
+
+        The framing around the bytes depends only on the model, modality, dtype and
+        shape; walking it costs about 8 us a call (30 small updates), so it is built by
+        the generic walk once per such combination and reused.
+        """
+        data = array.reshape(-1).view(np.uint8).data
+        frame_key = (self.model_id, modality, array.dtype.str, array.shape)
+        frames = _ARRAY_FRAMES.get(frame_key)
+        if frames is None:
+            parts: list[Any] = []
+            for name, value in sorted((("model_id", self.model_id), (modality, array))):
+                _named(parts.append, name, value, _leaf)
+            at = next(i for i, part in enumerate(parts) if isinstance(part, memoryview))
+            frames = (b"".join(parts[:at]), b"".join(parts[at + 1 :]))
+            if len(_ARRAY_FRAMES) >= _MAX_ARRAY_FRAMES:
+                _ARRAY_FRAMES.clear()
+            _ARRAY_FRAMES[frame_key] = frames
+        hasher = self._new_hasher(array.nbytes)
+        hasher.update(frames[0])
+        hasher.update(data)
+        hasher.update(frames[1])
+        digest: str = hasher.hexdigest()
+        return digest
+
+    def _fingerprint(self, modality: str, item: object) -> str:
+        hasher = self._new_hasher(0)
+        update = hasher.update
+        _framed(update, b"omni-requests fingerprint 1")
+        _named(update, modality, item, _fingerprint_leaf)
+        digest: str = hasher.hexdigest()
+        return digest[:_FINGERPRINT_HEX]
+
+
+def _check_modality(modality: object) -> None:
+    if not isinstance(modality, str):
+        raise PromptTypeError("modality", f"must be a str, got {type_name(modality)}")
+    if modality == "model_id":
+        raise InvalidPromptError("modality", "'model_id' is not a modality name")

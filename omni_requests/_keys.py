@@ -1,7 +1,8 @@
 """Media keys: a base (user UUID or content hash) and an optional replica scope, kept apart.
 
 The engine-facing string ``stage{S}:rep{R}:{base}`` is rendered only at the boundary,
-so replacing a scope can never stack prefixes.
+so replacing a scope can never stack prefixes. A scope may carry a :class:`KeyPolicy`,
+opt-in protections that change how user UUIDs render; the default renders as above.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ import attrs
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import MediaHasher
 
-__all__ = ["KeyOrigin", "MediaKey", "Scope", "looks_scoped"]
+__all__ = ["KeyOrigin", "KeyPolicy", "MediaKey", "Scope", "looks_scoped"]
 
 # What vllm-omni writes in front of a key; a user UUID shaped like this has been through
 # an engine already and would become a double prefix.
 _SCOPED: Final = re.compile(r"stage\d+:rep\d+:")
+# Tenant names go into keys verbatim, between colons, so they may not contain one.
+_TENANT: Final = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 
 
 def looks_scoped(value: str) -> bool:
@@ -45,18 +48,22 @@ def _hasher(_: object, attribute: attrs.Attribute[MediaHasher], value: object) -
         raise PromptTypeError(f"$.{attribute.name}", f"must be a MediaHasher, got {type_name(value)}")
 
 
-@attrs.frozen
-class Scope:
-    """Where a prompt is routed: a stage, one of its replicas, and the hasher for content keys."""
+def _flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
+    if not isinstance(value, bool):
+        raise PromptTypeError(f"$.{attribute.name}", f"must be a bool, got {type_name(value)}")
 
-    stage_id: int = attrs.field(validator=_index)
-    replica_id: int = attrs.field(validator=_index)
-    hasher: MediaHasher = attrs.field(validator=_hasher)
 
-    @property
-    def prefix(self) -> str:
-        """The text vllm-omni puts before a base: ``stage{S}:rep{R}:``."""
-        return f"stage{self.stage_id}:rep{self.replica_id}:"
+def _tenant(_: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, str):
+        raise PromptTypeError(f"$.{attribute.name}", f"must be a str or None, got {type_name(value)}")
+    if _TENANT.fullmatch(value) is None:
+        raise InvalidPromptError(
+            f"$.{attribute.name}",
+            f"{value!r} is not a tenant name: use 1 to 128 of A-Z a-z 0-9 . _ ~ - "
+            "(hash or slug other identifiers first)",
+        )
 
 
 class KeyOrigin(enum.Enum):
@@ -68,17 +75,124 @@ class KeyOrigin(enum.Enum):
     """The hash of the item's content."""
 
 
+@attrs.frozen(cache_hash=True)
+class KeyPolicy:
+    """Opt-in protections for user-supplied UUIDs, applied where keys are rendered.
+
+    The default policy renders keys exactly as vllm-omni does, ``stage{S}:rep{R}:{base}``.
+    Each flag adds one guarantee, at the cost of keys the engine's own hashing would not
+    produce; see ``docs/security.md`` for the trade-offs. A scoped user key renders as
+    ``stage{S}:rep{R}:[tenant:{T}:][user:][bound:{fingerprint}:]{uuid}``, a content key
+    as ``stage{S}:rep{R}:[tenant:{T}:]{hash}`` (the tenant part only with ``tenant_content``).
+
+    >>> import numpy as np
+    >>> from omni_requests import MediaHasher, TextPrompt, rendered_uuids, scope_to_replica
+    >>> p = TextPrompt(prompt="<image>", multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)},
+    ...                multi_modal_uuids={"image": "cat-1"})
+    >>> policy = KeyPolicy(namespaces=True, tenant="acme")
+    >>> rendered_uuids(scope_to_replica(p, 1, hasher=MediaHasher("m"), policy=policy))
+    {'image': ['stage0:rep1:tenant:acme:user:cat-1']}
+    """
+
+    namespaces: bool = attrs.field(default=False, validator=_flag)
+    """Render user UUIDs under ``user:``, so none can equal a content hash (bare hex)."""
+    tenant: str | None = attrs.field(default=None, validator=_tenant)
+    """Render user UUIDs under ``tenant:{tenant}:``, so tenants never share a UUID's key."""
+    tenant_content: bool = attrs.field(default=False, validator=_flag)
+    """Put content keys under the tenant too: no cross-tenant cache hits, at the cost of
+    one cached copy per tenant. Needs ``tenant``."""
+    bind_content: bool = attrs.field(default=False, validator=_flag)
+    """Bind user UUIDs to a cheap fingerprint of their item (:meth:`MediaHasher.fingerprint`),
+    so a UUID reused for other media gets another key. Items must be sent, not cached-only."""
+
+    def __attrs_post_init__(self) -> None:
+        if self.tenant_content and self.tenant is None:
+            raise InvalidPromptError("$.tenant_content", "needs a tenant")
+
+    def __reduce__(self) -> tuple[type[KeyPolicy], tuple[bool, str | None, bool, bool]]:
+        # Through the constructor, positionally: checked again, and fields added later
+        # with defaults still load old pickles.
+        return (type(self), (self.namespaces, self.tenant, self.tenant_content, self.bind_content))
+
+    @property
+    def user_part(self) -> str:
+        """What goes between the scope prefix and a user UUID (before any binding)."""
+        tenant = "" if self.tenant is None else f"tenant:{self.tenant}:"
+        return tenant + ("user:" if self.namespaces else "")
+
+    @property
+    def content_part(self) -> str:
+        """What goes between the scope prefix and a content hash."""
+        return f"tenant:{self.tenant}:" if self.tenant_content else ""
+
+    def render_base(self, base: str, origin: KeyOrigin, binding: str | None = None) -> str:
+        """The part of a key after the scope prefix, for a base of this origin.
+
+        ``binding`` is the item's fingerprint, needed for user UUIDs when the policy
+        binds them to their content.
+        """
+        if origin is KeyOrigin.CONTENT:
+            return self.content_part + base
+        if not self.bind_content:
+            return self.user_part + base
+        if binding is None:
+            raise InvalidPromptError(
+                "binding", "this policy binds user UUIDs to their content, but the key has no fingerprint"
+            )
+        return f"{self.user_part}bound:{binding}:{base}"
+
+
+_DEFAULT_POLICY: Final = KeyPolicy()
+
+
+def _policy(_: object, attribute: attrs.Attribute[KeyPolicy], value: object) -> None:
+    if not isinstance(value, KeyPolicy):
+        raise PromptTypeError(f"$.{attribute.name}", f"must be a KeyPolicy, got {type_name(value)}")
+
+
+@attrs.frozen
+class Scope:
+    """Where a prompt is routed: a stage, one of its replicas, the hasher for content keys,
+    and the :class:`KeyPolicy` keys render with (the default renders as vllm-omni does)."""
+
+    stage_id: int = attrs.field(validator=_index)
+    replica_id: int = attrs.field(validator=_index)
+    hasher: MediaHasher = attrs.field(validator=_hasher)
+    policy: KeyPolicy = attrs.field(default=_DEFAULT_POLICY, validator=_policy)
+
+    @property
+    def prefix(self) -> str:
+        """The text vllm-omni puts before a base: ``stage{S}:rep{R}:``."""
+        return f"stage{self.stage_id}:rep{self.replica_id}:"
+
+    def __reduce__(self) -> tuple[type[Scope], tuple[int, int, MediaHasher, KeyPolicy]]:
+        # Through the constructor, like KeyPolicy's.
+        return (type(self), (self.stage_id, self.replica_id, self.hasher, self.policy))
+
+
 @attrs.frozen
 class MediaKey:
-    """A media item's cache key: its base, where the base came from, and its scope."""
+    """A media item's cache key: its base, where the base came from, and its scope.
+
+    ``binding`` is the item's fingerprint when the scope's policy binds user UUIDs to
+    their content (:attr:`KeyPolicy.bind_content`), else None.
+    """
 
     base: str
     origin: KeyOrigin
     scope: Scope | None = None
+    binding: str | None = None
 
     def render(self) -> str:
-        """The string the engine sees: ``stage{S}:rep{R}:{base}``, or the bare base."""
-        return self.base if self.scope is None else self.scope.prefix + self.base
+        """The string the engine sees: ``stage{S}:rep{R}:{base}``, or the bare base.
+
+        A scope's non-default :class:`KeyPolicy` adds its parts between the prefix and
+        the base.
+        """
+        scope = self.scope
+        if scope is None:
+            return self.base
+        return scope.prefix + scope.policy.render_base(self.base, self.origin, self.binding)
 
     def __str__(self) -> str:
         return self.render()

@@ -8,13 +8,14 @@ arrays) and :func:`thaw` gives the engine back the plain shapes it expects.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
 from pyrsistent import PMap, PVector, pvector
 
-from ._errors import PromptTypeError, type_name
+from ._errors import InvalidPromptError, PromptTypeError, type_name
 
 __all__ = ["FrozenDict"]
 
@@ -95,6 +96,9 @@ def readonly_view(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 def freeze_media(value: object, path: str) -> object:
     """Freeze one media item (or part of one); raise on types vLLM cannot hash faithfully."""
+    if type(value) is int and not -(1 << 63) <= value < 1 << 64:
+        # numpy makes an object array of it, and vLLM hashes that array's pointer bytes.
+        raise InvalidPromptError(path, f"{value} does not fit in 64 bits, so it has no stable key")
     if value is None or isinstance(value, _SCALARS):
         return value
     if isinstance(value, np.ndarray):
@@ -161,6 +165,39 @@ def thaw(value: object) -> Any:
     if isinstance(value, tuple):
         return tuple(thaw(v) for v in value)
     return value
+
+
+# Plain-dict copies of PMaps by identity. Iterating or indexing a PMap runs Python code
+# (about 0.3-0.8 us a time), and scoped copies of one template share its maps, so the
+# render path reads each map's items once. An entry leaves with its map.
+class _MapRef(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference that knows its entry's key: one shared callback, no closure each."""
+
+    __slots__ = ("key",)
+    key: int
+
+
+def _drop_map(ref: _MapRef) -> None:
+    entry = _PLAIN_MAPS.get(ref.key)
+    if entry is not None and entry[0] is ref:
+        del _PLAIN_MAPS[ref.key]
+
+
+_PLAIN_MAPS: dict[int, tuple[_MapRef, dict[Any, Any]]] = {}
+
+
+def plain_map(value: PMap[_K, _V]) -> Mapping[_K, _V]:
+    """``value`` as a plain ``dict`` in its iteration order, built once per map. Read only."""
+    key = id(value)
+    entry = _PLAIN_MAPS.get(key)
+    if entry is not None and entry[0]() is value:
+        return entry[1]
+    plain = dict(value.items())
+    # The callback runs before the map's memory (and so its id) can be reused.
+    ref = _MapRef(value, _drop_map)
+    ref.key = key
+    _PLAIN_MAPS[key] = (ref, plain)
+    return plain
 
 
 def immutable_token(value: object, leaves: list[object]) -> object | None:

@@ -9,6 +9,7 @@ raises before a record exists, and ``attrs.evolve`` runs the same checks.
 from __future__ import annotations
 
 import operator
+import types
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
@@ -18,6 +19,7 @@ import numpy as np
 from pyrsistent import PMap, PVector, pmap, pvector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._hashing import _exif_image_id
 from ._keys import Scope, looks_scoped
 from ._media import (
     FrozenDict,
@@ -102,6 +104,8 @@ def _check_modality(path: str, modality: object) -> str:
         raise PromptTypeError(path, f"modality names must be str, got {type_name(modality)}")
     if not modality:
         raise InvalidPromptError(path, "modality names must not be empty")
+    if modality == "model_id":  # vLLM hashes hash_kwargs(model_id=..., <modality>=item)
+        raise InvalidPromptError(path, "'model_id' is not a modality name (keys hash the model id under it)")
     return modality
 
 
@@ -121,6 +125,8 @@ def _convert_media(value: object) -> MediaData:
             raise InvalidPromptError(
                 where, "is None; give an item or a list of items (an item may be None if it has a UUID)"
             )
+        if _ndim(data) == 0:  # vLLM would iterate over it and fail
+            raise PromptTypeError(where, f"a 0-d {type_name(data)} is neither an item nor a list of items")
         # A pvector is a list of items already (a record's own); anything else is read
         # the way vLLM reads it, so single items and lists give the same record.
         items = data if isinstance(data, PVector) else _split_items(modality, data)
@@ -194,7 +200,11 @@ def _convert_media_io(value: object) -> FrozenDict[str, Any] | None:
 def _as_token_ids(path: str, value: object) -> PVector[int]:
     if isinstance(value, PVector) and all(type(v) is int for v in value):
         return value
-    if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray, PVector)):
+    if (
+        isinstance(value, (str, bytes))
+        or not isinstance(value, (Sequence, np.ndarray, PVector))
+        or (isinstance(value, np.ndarray) and value.ndim != 1)
+    ):
         raise PromptTypeError(path, f"must be a list of int, got {type_name(value)}")
     ids = []
     for i, token in enumerate(value):
@@ -334,12 +344,20 @@ def values_equal(a: Any, b: Any) -> bool:
     if is_torch_tensor(a):
         import torch
 
-        return is_torch_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(a, b))
+        # By bytes, like arrays and like the hasher: NaN equals itself, -0.0 differs from 0.0.
+        return (
+            is_torch_tensor(b)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and bool(torch.equal(_tensor_bytes(a), _tensor_bytes(b)))
+        )
     if is_pil_image(a):
         return (
             is_pil_image(b)
             and (a.mode, a.size, a.tobytes()) == (b.mode, b.size, b.tobytes())
             and values_equal(_palette(a), _palette(b))
+            # vLLM keys an image with an EXIF ImageID by that UUID: equal records, equal keys.
+            and _exif_image_id(a) == _exif_image_id(b)
         )
     if isinstance(a, (tuple, PVector, list)):
         return (
@@ -347,9 +365,20 @@ def values_equal(a: Any, b: Any) -> bool:
             and len(a) == len(b)
             and all(values_equal(x, y) for x, y in zip(a, b, strict=True))
         )
+    if isinstance(a, FrozenDict):
+        # Ordered, as vLLM hashes it: the same entries in another order make another key.
+        return isinstance(b, FrozenDict) and list(a) == list(b) and all(values_equal(a[k], b[k]) for k in a)
     if isinstance(a, Mapping):
         return isinstance(b, Mapping) and a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+    if isinstance(a, float):
+        return type(b) is float and np.array(a).tobytes() == np.array(b).tobytes()
     return type(a) is type(b) and bool(a == b)
+
+
+def _tensor_bytes(tensor: Any) -> Any:
+    import torch
+
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
 def _palette(image: Any) -> object:
@@ -520,13 +549,45 @@ def replace_fields(record: Any, **changes: Any) -> Any:
     """A copy of ``record`` with ``changes``, skipping the checks.
 
     Only for values that are already valid and frozen (a scope, a record's own fields):
-    it is what makes scoping cost a few microseconds instead of a full re-validation.
+    it is what makes scoping cost a microsecond instead of a full re-validation. Names
+    that are not fields of the record are ignored.
     """
-    new = object.__new__(type(record))
-    for field in attrs.fields(type(record)):
-        name = field.name
-        object.__setattr__(new, name, changes[name] if name in changes else getattr(record, name))
-    return new
+    return field_copier(type(record), tuple(changes))(record, *changes.values())
+
+
+_COPIERS: dict[tuple[type[Any], tuple[str, ...]], Callable[..., Any]] = {}
+
+
+def field_copier(kind: type[Any], names: tuple[str, ...]) -> Callable[..., Any]:
+    """``copy(record, *values)``: a ``kind`` record with the fields ``names`` set to ``values``.
+
+    Generated as straight-line code that writes each slot through its descriptor, as
+    attrs builds ``__init__``: a loop over ``attrs.fields`` costs three times as much.
+    """
+    copier = _COPIERS.get((kind, names))
+    if copier is not None:
+        return copier
+    fields = [field.name for field in attrs.fields(kind)]
+    namespace: dict[str, Any] = {"_new": object.__new__, "_kind": kind}
+    lines = [f"def copy(record, {''.join(f'_v{i}, ' for i in range(len(names)))}):", "    new = _new(_kind)"]
+    for i, name in enumerate(fields):
+        slot = next((k.__dict__[name] for k in kind.__mro__ if name in k.__dict__), None)
+        setter = slot.__set__ if isinstance(slot, types.MemberDescriptorType) else _setter(name)
+        namespace[f"_set{i}"] = setter
+        value = f"_v{names.index(name)}" if name in names else f"record.{name}"
+        lines.append(f"    _set{i}(new, {value})")
+    lines.append("    return new")
+    exec("\n".join(lines), namespace)  # names come from attrs, never from input
+    made: Callable[..., Any] = namespace["copy"]
+    _COPIERS[(kind, names)] = made
+    return made
+
+
+def _setter(name: str) -> Callable[[Any, Any], None]:
+    def set_field(record: Any, value: Any) -> None:
+        object.__setattr__(record, name, value)
+
+    return set_field
 
 
 def plain_fields(record: Any) -> dict[str, Any]:
@@ -539,11 +600,45 @@ def plain_fields(record: Any) -> dict[str, Any]:
     for field in attrs.fields(type(record)):
         value = getattr(record, field.name)
         if field.name == "multi_modal_data":
-            value = {m: [thaw(item) for item in items] for m, items in value.items()}
+            value = {m: [_pickle_arrays(thaw(item)) for item in items] for m, items in value.items()}
         elif not isinstance(value, (_Prompt, Scope)):
-            value = thaw(value)
+            value = _pickle_arrays(thaw(value))
         state[field.name] = value
     return state
+
+
+class _ArrayPickle:
+    """Pickles an array as dtype, shape and bytes.
+
+    numpy (2.3) unpickles a big-endian array as a native-endian one at protocols below 5,
+    and a strided one at any protocol, which changes its dtype and so its key.
+    """
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray[Any, Any]) -> None:
+        self.array = array
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        array = self.array
+        return (_restore_array, (array.dtype, array.shape, array.tobytes()))
+
+
+def _restore_array(dtype: np.dtype[Any], shape: tuple[int, ...], data: bytes) -> np.ndarray[Any, Any]:
+    # A view of immutable bytes: read-only all the way down, so its key can be cached.
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def _pickle_arrays(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return _ArrayPickle(value)
+    if isinstance(value, list):
+        return [_pickle_arrays(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_pickle_arrays(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _pickle_arrays(v) for k, v in value.items()}
+    return value
 
 
 def _rebuild(cls: type[Any], state: dict[str, Any]) -> Any:

@@ -7,48 +7,108 @@ whose media is replaced (``attrs.evolve`` or otherwise) cannot carry the old med
 
 from __future__ import annotations
 
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, Final, TypeVar
 
 from pyrsistent import PMap, PVector, pmap, pvector
 
-from ._errors import PromptTypeError, type_name
+from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import MediaHasher
-from ._keys import KeyOrigin, MediaKey, Scope, check_index
-from ._records import _SINGLE, EncoderDecoderPrompt, SinglePrompt, replace_fields
+from ._keys import _DEFAULT_POLICY, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index
+from ._media import plain_map
+from ._records import _SINGLE, EncoderDecoderPrompt, SinglePrompt, field_copier, replace_fields
 
 __all__ = ["media_keys", "rendered_uuids", "scope_to_replica"]
 
 _P = TypeVar("_P", bound="SinglePrompt | EncoderDecoderPrompt")
 
+# Scopes are values; a request scoped to a replica already seen reuses its Scope (and the
+# Scope's rendered prefix) instead of building and validating a new one. Bounded: a
+# deployment has a handful of stages and replicas, so this only guards against misuse.
+_SCOPES: dict[tuple[int, int, int, int], Scope] = {}
+_MAX_SCOPES: Final = 4096
+# What a scope puts before user UUIDs and content hashes (prefix plus policy parts), and
+# whether it binds UUIDs, by scope identity; the entry holds its scope, so the id stays its own.
+_RENDERINGS: dict[int, tuple[Scope, str, str, bool]] = {}
+_WITH_SCOPE: Final[dict[type[Any], Callable[..., Any]]] = {
+    kind: field_copier(kind, ("scope",)) for kind in _SINGLE
+}
 
-def scope_to_replica(prompt: _P, replica_id: int, *, hasher: MediaHasher, stage_id: int = 0) -> _P:
+
+def _scope(stage_id: int, replica_id: int, hasher: MediaHasher, policy: KeyPolicy) -> Scope:
+    # Keyed by identity (hashing a MediaHasher costs more than the lookup); the scope holds
+    # its hasher and policy, so a hit whose objects are these very ones is the right scope.
+    key = (stage_id, replica_id, id(hasher), id(policy))
+    scope = _SCOPES.get(key)
+    if scope is None or scope.hasher is not hasher or scope.policy is not policy:
+        scope = Scope(stage_id, replica_id, hasher, policy)
+        if len(_SCOPES) >= _MAX_SCOPES:
+            _SCOPES.clear()
+        _SCOPES[key] = scope
+    return scope
+
+
+def _rendering(scope: Scope) -> tuple[str, str, bool]:
+    """(text before a user UUID, text before a content hash, binds UUIDs) for ``scope``."""
+    entry = _RENDERINGS.get(id(scope))
+    if entry is None or entry[0] is not scope:
+        policy = scope.policy
+        prefix = scope.prefix
+        entry = (scope, prefix + policy.user_part, prefix + policy.content_part, policy.bind_content)
+        if len(_RENDERINGS) >= _MAX_SCOPES:
+            _RENDERINGS.clear()
+        _RENDERINGS[id(scope)] = entry
+    return entry[1], entry[2], entry[3]
+
+
+def scope_to_replica(
+    prompt: _P,
+    replica_id: int,
+    *,
+    hasher: MediaHasher,
+    stage_id: int = 0,
+    policy: KeyPolicy | None = None,
+) -> _P:
     """Return ``prompt`` routed to replica ``replica_id`` of stage ``stage_id``.
 
     Pure: the input is never changed. The result's media keys render as
     ``stage{stage_id}:rep{replica_id}:{base}``, where the base is the item's user UUID or,
-    without one, ``hasher.key(modality, item)``. Scoping again replaces the scope, so a
-    retry on another replica never gets a second prefix. A prompt without media, or one
-    already in this exact scope, is returned as is.
+    without one, ``hasher.content_key(modality, item)``. Scoping again replaces the scope,
+    so a retry on another replica never gets a second prefix. A prompt without media, or one
+    already in this exact scope, is returned as is. ``policy`` (default: none, keys
+    render exactly as vllm-omni renders them) opts in to the protections of
+    :class:`KeyPolicy` for user UUIDs.
 
     >>> import numpy as np
     >>> from omni_requests import TextPrompt, MediaHasher, media_keys
     >>> p = TextPrompt(prompt="<image>", multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)},
     ...                multi_modal_uuids={"image": "cat-1"})
     >>> q = scope_to_replica(p, 1, hasher=MediaHasher("m"))
-    >>> media_keys(q)["image"][0].render()
+    >>> (key,) = media_keys(q)["image"]
+    >>> key.render()
     'stage0:rep1:cat-1'
-    >>> media_keys(scope_to_replica(q, 0, hasher=MediaHasher("m")))["image"][0].render()
+    >>> (key,) = media_keys(scope_to_replica(q, 0, hasher=MediaHasher("m")))["image"]
+    >>> key.render()
     'stage0:rep0:cat-1'
     """
-    check_index("replica_id", replica_id)
-    check_index("stage_id", stage_id)
-    if not isinstance(hasher, MediaHasher):
+    # Plain ints take the fast road; anything else gets check_index's errors.
+    if type(replica_id) is not int or replica_id < 0:
+        check_index("replica_id", replica_id)
+    if type(stage_id) is not int or stage_id < 0:
+        check_index("stage_id", stage_id)
+    if type(hasher) is not MediaHasher and not isinstance(hasher, MediaHasher):
         raise PromptTypeError("hasher", f"must be a MediaHasher, got {type_name(hasher)}")
+    if policy is None:
+        policy = _DEFAULT_POLICY
+    elif not isinstance(policy, KeyPolicy):
+        raise PromptTypeError("policy", f"must be a KeyPolicy or None, got {type_name(policy)}")
     if isinstance(prompt, EncoderDecoderPrompt):
-        encoder = scope_to_replica(prompt.encoder_prompt, replica_id, hasher=hasher, stage_id=stage_id)
+        encoder = scope_to_replica(
+            prompt.encoder_prompt, replica_id, hasher=hasher, stage_id=stage_id, policy=policy
+        )
         decoder = prompt.decoder_prompt
         if decoder is not None:
-            decoder = scope_to_replica(decoder, replica_id, hasher=hasher, stage_id=stage_id)
+            decoder = scope_to_replica(decoder, replica_id, hasher=hasher, stage_id=stage_id, policy=policy)
         if encoder is prompt.encoder_prompt and decoder is prompt.decoder_prompt:
             return prompt
         scoped: _P = replace_fields(prompt, encoder_prompt=encoder, decoder_prompt=decoder)
@@ -57,11 +117,29 @@ def scope_to_replica(prompt: _P, replica_id: int, *, hasher: MediaHasher, stage_
         raise PromptTypeError("prompt", f"must be a prompt record, got {type_name(prompt)}")
     if not prompt.multi_modal_data and not prompt.multi_modal_uuids:
         return prompt
-    scope = Scope(stage_id, replica_id, hasher)
-    if prompt.scope == scope:
+    if policy.bind_content:
+        _check_bindable(prompt)
+    scope = _scope(stage_id, replica_id, hasher, policy)
+    current = prompt.scope
+    if current is not None and (current is scope or current == scope):
         return prompt
-    result: _P = replace_fields(prompt, scope=scope)
+    with_scope = _WITH_SCOPE.get(type(prompt))
+    result: _P = replace_fields(prompt, scope=scope) if with_scope is None else with_scope(prompt, scope)
     return result
+
+
+def _check_bindable(prompt: SinglePrompt) -> None:
+    """Content binding needs every user-keyed item present: a cached-only one has no content."""
+    data = prompt.multi_modal_data
+    for modality, given in prompt.multi_modal_uuids.items():
+        items = data.get(modality)
+        for i, uuid in enumerate(given):
+            if uuid is not None and (items is None or items[i] is None):
+                raise InvalidPromptError(
+                    f"$.multi_modal_data.{modality}[{i}]",
+                    f"the policy binds UUID {uuid!r} to its item's content, but the item is not "
+                    "sent (cached only); send the item or scope without bind_content",
+                )
 
 
 def _keys(prompt: SinglePrompt, hasher: MediaHasher | None) -> dict[str, list[MediaKey | None]]:
@@ -70,6 +148,9 @@ def _keys(prompt: SinglePrompt, hasher: MediaHasher | None) -> dict[str, list[Me
     scope = prompt.scope
     if hasher is None and scope is not None:
         hasher = scope.hasher
+    bind = scope is not None and scope.policy.bind_content
+    if bind:
+        _check_bindable(prompt)
     data, uuids = prompt.multi_modal_data, prompt.multi_modal_uuids
     keys: dict[str, list[MediaKey | None]] = {}
     for modality, items in data.items():
@@ -78,7 +159,8 @@ def _keys(prompt: SinglePrompt, hasher: MediaHasher | None) -> dict[str, list[Me
         for i, item in enumerate(items):
             uuid = None if given is None else given[i]
             if uuid is not None:
-                row.append(MediaKey(uuid, KeyOrigin.USER, scope))
+                binding = hasher.fingerprint(modality, item) if bind and hasher is not None else None
+                row.append(MediaKey(uuid, KeyOrigin.USER, scope, binding))
             elif item is None:
                 row.append(None)
             elif hasher is None:
@@ -86,7 +168,7 @@ def _keys(prompt: SinglePrompt, hasher: MediaHasher | None) -> dict[str, list[Me
                     "hasher", "an unscoped prompt needs a MediaHasher to derive content keys"
                 )
             else:
-                row.append(MediaKey(hasher.key(modality, item), KeyOrigin.CONTENT, scope))
+                row.append(MediaKey(hasher.content_key(modality, item), KeyOrigin.CONTENT, scope))
         keys[modality] = row
     for modality, given in uuids.items():
         if modality not in data:  # UUIDs of items not sent this time (cached only), as vLLM allows
@@ -112,11 +194,40 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
     Unscoped: the caller's UUIDs as given (vLLM hashes the rest itself). Scoped: every
     item's key rendered with its scope.
     """
-    if prompt.scope is None:
-        uuids = prompt.multi_modal_uuids
-        return {m: list(u) for m, u in uuids.items()} if uuids else None
-    if not prompt.multi_modal_data and not prompt.multi_modal_uuids:
+    scope = prompt.scope
+    if scope is None:
+        callers = prompt.multi_modal_uuids
+        return {m: list(u) for m, u in plain_map(callers).items()} if callers else None
+    data, uuids = plain_map(prompt.multi_modal_data), plain_map(prompt.multi_modal_uuids)
+    if not data and not uuids:
         return None
-    return {
-        m: [None if key is None else key.render() for key in row] for m, row in _keys(prompt, None).items()
-    }
+    # MediaKey.render() for every item, as strings, without building the key objects.
+    user, content, bind = _rendering(scope)
+    hasher = scope.hasher
+    if bind:
+        _check_bindable(prompt)
+    rendered: dict[str, list[str | None]] = {}
+    for modality, items in data.items():
+        given = uuids.get(modality)
+        if given is None:
+            rendered[modality] = [
+                None if item is None else content + hasher.content_key(modality, item) for item in items
+            ]
+        elif bind:
+            rendered[modality] = [
+                f"{user}bound:{hasher.fingerprint(modality, item)}:{uuid}"
+                if uuid is not None
+                else content + hasher.content_key(modality, item)
+                for uuid, item in zip(given, items, strict=True)
+            ]
+        else:
+            rendered[modality] = [
+                user + uuid
+                if uuid is not None
+                else (None if item is None else content + hasher.content_key(modality, item))
+                for uuid, item in zip(given, items, strict=True)
+            ]
+    for modality, given in uuids.items():
+        if modality not in data:  # cached-only items, as in _keys (binding refused them above)
+            rendered[modality] = [None if u is None else user + u for u in given]
+    return rendered

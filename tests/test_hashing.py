@@ -156,3 +156,19 @@ def test_bad_hasher_arguments(args: tuple[object, ...], error: type[Exception], 
 def test_model_id_is_not_a_modality(hasher: MediaHasher) -> None:
     with pytest.raises(InvalidPromptError, match="not a modality"):
         hasher.key("model_id", video(1))
+
+
+def test_content_key_hashes_images_as_vllms_parser_makes_them(hasher: MediaHasher) -> None:
+    from PIL import Image
+
+    pixels = np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3)
+    upright = Image.fromarray(pixels).convert("P")
+    turned = upright.copy()
+    turned.getexif()[0x0112] = 6  # EXIF Orientation: rotate 90 degrees when shown
+    assert hasher.key("image", upright) == hasher.key("image", turned), "the raw key cannot see it"
+    assert hasher.content_key("image", upright) != hasher.content_key("image", turned)
+    assert hasher.content_key("image", upright) == hasher.key("image", upright.convert("RGB"))
+    rgb = Image.fromarray(pixels)
+    assert hasher.content_key("image", rgb) == hasher.key("image", rgb)
+    # Other modalities and items are hashed as given.
+    assert hasher.content_key("video", pixels) == hasher.key("video", pixels)

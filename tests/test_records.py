@@ -244,3 +244,12 @@ def test_main_field_types_are_checked(kind: type, kwargs: dict[str, object], pat
 def test_unknown_field_is_refused() -> None:
     with pytest.raises(TypeError, match="colour"):
         TextPrompt(prompt="x", colour="red")  # type: ignore[call-arg]
+
+
+def test_ints_beyond_64_bits_in_media_are_refused() -> None:
+    with pytest.raises(InvalidPromptError) as caught:
+        TextPrompt(prompt="x", multi_modal_data={"video": (np.zeros((1, 2, 2, 3), np.uint8), {"n": 1 << 64})})
+    assert caught.value.path == "$.multi_modal_data.video[0][1].n"
+    TextPrompt(
+        prompt="x", multi_modal_data={"video": (np.zeros((1, 2, 2, 3), np.uint8), {"n": (1 << 64) - 1})}
+    )

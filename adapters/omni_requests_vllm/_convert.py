@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any, Final, TypeAlias, overload
 
 import attrs
+import numpy as np
 
 from omni_requests import (
     EmbedsPrompt,
@@ -20,7 +21,7 @@ from omni_requests import (
     rendered_uuids,
 )
 from omni_requests._errors import type_name
-from omni_requests._media import thaw
+from omni_requests._media import plain_map, thaw
 
 __all__ = ["VllmPrompt", "from_vllm", "to_vllm"]
 
@@ -40,6 +41,13 @@ def _dict_keys(kind: type[Any]) -> tuple[str, ...]:
 _KEYS: Final = {kind: _dict_keys(kind) for kind in _SINGLE}
 # Fields go out main field first, like the dicts people write.
 _MAIN: Final = {TextPrompt: "prompt", TokensPrompt: "prompt_token_ids", EmbedsPrompt: "prompt_embeds"}
+_MEDIA: Final = ("multi_modal_data", "multi_modal_uuids")
+# The other fields, in field order; they go out only when set.
+_OPTIONS: Final = {
+    kind: tuple(k for k in _KEYS[kind] if k != _MAIN[kind] and k not in _MEDIA) for kind in _SINGLE
+}
+# Values thaw() returns as they are: skip the call (to_vllm is on every request's path).
+_AS_IS: Final = frozenset({str, bytes, int, float, bool, type(None), np.ndarray})
 
 
 @overload
@@ -67,22 +75,20 @@ def to_vllm(prompt: Prompt) -> VllmPrompt:
 def _single_to_vllm(prompt: SinglePrompt) -> VllmPrompt:
     kind = type(prompt)
     main = _MAIN[kind]
-    out: VllmPrompt = {main: thaw(getattr(prompt, main))}
-    for name in _KEYS[kind]:
-        if name == main:
-            continue
-        if name == "multi_modal_data":
-            data = prompt.multi_modal_data
-            if data:
-                out[name] = {m: [thaw(item) for item in items] for m, items in data.items()}
-        elif name == "multi_modal_uuids":
-            uuids = rendered_uuids(prompt)
-            if uuids is not None:
-                out[name] = uuids
-        else:
-            value = getattr(prompt, name)
-            if value is not None:
-                out[name] = thaw(value)
+    value = getattr(prompt, main)
+    out: VllmPrompt = {main: value if type(value) in _AS_IS else thaw(value)}
+    data = plain_map(prompt.multi_modal_data)
+    if data:
+        out["multi_modal_data"] = {
+            m: [item if type(item) in _AS_IS else thaw(item) for item in items] for m, items in data.items()
+        }
+    uuids = rendered_uuids(prompt)
+    if uuids is not None:
+        out["multi_modal_uuids"] = uuids
+    for name in _OPTIONS[kind]:
+        value = getattr(prompt, name)
+        if value is not None:
+            out[name] = value if type(value) in _AS_IS else thaw(value)
     return out
 
 
