@@ -1,0 +1,219 @@
+"""``MediaHasher.key`` is vLLM's ``MultiModalHasher.hash_kwargs``, bit for bit.
+
+For every kind of media ``omni_requests.strategies`` makes (PIL images in every mode,
+with palettes and EXIF ``ImageID`` tags; numpy arrays of every dtype and memory layout,
+0-d included; tensors, bfloat16 and non-contiguous ones included; videos as arrays,
+frame lists, PIL frame lists and ``(frames, metadata)``; audio as ``(waveform, rate)``,
+arrays and float lists) and for nested values, under each of the three algorithms
+and random model ids:
+
+    MediaHasher(model_id, algorithm).key(modality, item)
+        == MultiModalHasher.hash_kwargs(algorithm, model_id=model_id, **{modality: item})
+
+on the item as given, and on the record's frozen copy of it
+(``TextPrompt(...).multi_modal_data[modality][0]``, the item given as a one-item ``pvector``: read-only arrays, ``PVector`` lists,
+``FrozenDict`` maps) against vLLM's hash of the item as given; and vLLM's hash of what ``to_vllm`` sends for
+the record is that same key. A second call on the frozen copy (served from the key
+cache for read-only arrays) must agree too.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _tiny_models import VLLM_MISSING
+
+pytest.importorskip("vllm", reason=VLLM_MISSING)
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from pyrsistent import pvector
+from vllm.multimodal.hasher import MultiModalHasher
+
+from omni_requests import MediaHasher, TextPrompt
+from omni_requests.strategies import (
+    HASH_ALGORITHMS,
+    IMAGE_MODES,
+    arrays,
+    audios,
+    hashers,
+    images,
+    media_items,
+    tensors,
+    videos,
+)
+from omni_requests_vllm import to_vllm
+
+pytestmark = pytest.mark.vllm
+
+EXAMPLES = 500
+"""Per media kind; each example draws its own algorithm and model id."""
+
+PARITY = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _quiet_pickle_fallback() -> Iterator[None]:
+    # vLLM logs a warning each time it pickles a value it has no rule for (numpy
+    # scalars in nested values): thousands of lines, all expected here.
+    logger = logging.getLogger("vllm.multimodal.hasher")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
+def _vllm_key(hasher: MediaHasher, modality: str, item: object) -> str:
+    return MultiModalHasher.hash_kwargs(hasher.algorithm, model_id=hasher.model_id, **{modality: item})
+
+
+def _in_a_record(modality: str, item: object) -> tuple[object, object]:
+    """The record's frozen copy of ``item``, and what ``to_vllm`` hands vLLM for it.
+
+    The item goes in as the one item of a ``pvector`` (a record's own list of items, not
+    split again), with a UUID so that a ``None`` item is allowed too.
+    """
+    record = TextPrompt(
+        prompt="x", multi_modal_data={modality: pvector([item])}, multi_modal_uuids={modality: ["u"]}
+    )
+    (frozen,) = record.multi_modal_data[modality]
+    (sent,) = to_vllm(record)["multi_modal_data"][modality]
+    return frozen, sent
+
+
+def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
+    try:
+        expected = _vllm_key(hasher, modality, item)
+    except Exception as error:  # noqa: BLE001 - whatever vLLM raises, we must raise too
+        # vLLM cannot hash a few values (a bfloat16 tensor whose one element has a
+        # stride != 1, e.g. torch.zeros(2, dtype=torch.bfloat16)[::2]): no key exists.
+        with pytest.raises(type(error)):
+            hasher.key(modality, item)
+        return
+    assert hasher.key(modality, item) == expected
+    frozen, sent = _in_a_record(modality, item)
+    assert hasher.key(modality, frozen) == expected
+    assert hasher.key(modality, frozen) == expected  # again: cached where the bytes are frozen
+    assert _vllm_key(hasher, modality, sent) == expected  # vLLM on the record's dict
+
+
+modalities = st.sampled_from(("image", "video", "audio"))
+
+
+@PARITY
+@given(hasher=hashers(), image=images(max_side=6))
+def test_images_every_mode_palette_and_exif_image_id(hasher: MediaHasher, image: Any) -> None:
+    assert_parity(hasher, "image", image)
+
+
+@pytest.mark.parametrize("mode", IMAGE_MODES)
+@settings(max_examples=10, deadline=None)
+@given(hasher=hashers(), data=st.data())
+def test_images_of_each_mode(mode: str, hasher: MediaHasher, data: st.DataObject) -> None:
+    assert_parity(hasher, "image", data.draw(images(modes=[mode], max_side=5)))
+
+
+@PARITY
+@given(hasher=hashers(), modality=modalities, array=arrays(max_dims=4, max_side=5))
+def test_arrays_every_dtype_and_layout(hasher: MediaHasher, modality: str, array: np.ndarray) -> None:
+    assert_parity(hasher, modality, array)
+
+
+@PARITY
+@given(hasher=hashers(), modality=modalities, tensor=tensors(max_dims=3, max_side=5), grad=st.booleans())
+def test_tensors_bfloat16_and_non_contiguous(
+    hasher: MediaHasher, modality: str, tensor: Any, grad: bool
+) -> None:
+    if grad and tensor.is_floating_point():
+        tensor = tensor.detach().clone().requires_grad_()
+    assert_parity(hasher, modality, tensor)
+
+
+@PARITY
+@given(hasher=hashers(), video=videos(max_frames=3, max_side=4))
+def test_videos_arrays_frame_lists_and_metadata(hasher: MediaHasher, video: Any) -> None:
+    assert_parity(hasher, "video", video)
+
+
+@PARITY
+@given(hasher=hashers(), audio=audios(max_samples=16))
+def test_audio_tuples_arrays_and_lists(hasher: MediaHasher, audio: Any) -> None:
+    assert_parity(hasher, "audio", audio)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hasher=hashers(), modality=modalities, data=st.data())
+def test_media_items_as_the_strategies_mix_them(
+    hasher: MediaHasher, modality: str, data: st.DataObject
+) -> None:
+    assert_parity(hasher, modality, data.draw(media_items(modality, embeddings=True)))
+
+
+# Nested values: what an item may hold besides media (metadata dicts, tuples, scalars).
+# Ints stay within int64: vLLM hashes a larger int through np.array(obj), an object
+# array whose bytes are the int's address, so equal big ints get different keys.
+_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=6)
+    | st.binary(max_size=6)
+    | hnp.from_dtype(np.dtype("float32"))
+    | hnp.from_dtype(np.dtype("int16"))
+)
+_leaves = _scalars | arrays(max_dims=3, max_side=3) | tensors(max_dims=2, max_side=3) | images(max_side=3)
+_keys = st.text(min_size=1, max_size=5)
+nested = st.recursive(
+    _leaves,
+    lambda children: (
+        st.lists(children, max_size=3)
+        | st.tuples(children, children)
+        | st.dictionaries(_keys, children, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@PARITY
+@given(hasher=hashers(), modality=modalities, value=nested)
+def test_nested_values(hasher: MediaHasher, modality: str, value: object) -> None:
+    assert_parity(hasher, modality, value)
+
+
+@pytest.mark.parametrize("algorithm", HASH_ALGORITHMS)
+def test_digest_lengths_follow_the_algorithm(algorithm: str) -> None:
+    hasher = MediaHasher("m", algorithm)  # type: ignore[arg-type]
+    key = hasher.key("image", np.zeros((2, 2, 3), np.uint8))
+    assert len(key) == {"blake3": 64, "sha256": 64, "sha512": 128}[algorithm]
+    assert key == _vllm_key(hasher, "image", np.zeros((2, 2, 3), np.uint8))
+
+
+def test_the_model_id_and_the_modality_are_part_of_the_key() -> None:
+    item = torch.arange(6).reshape(2, 3)
+    keys = {
+        MediaHasher(model, "blake3").key(modality, item)
+        for model in ("/models/a", "/models/b")
+        for modality in ("image", "audio")
+    }
+    assert len(keys) == 4
+
+
+def test_a_tensor_vllm_cannot_hash_cannot_be_keyed_either() -> None:
+    # A bfloat16 tensor of one element with stride 2 counts as contiguous, so vLLM's
+    # .contiguous() keeps the stride and its byte view fails. No key exists for it.
+    tensor = torch.zeros(2, dtype=torch.bfloat16)[::2]
+    with pytest.raises(RuntimeError, match="stride"):
+        _vllm_key(MediaHasher("m"), "image", tensor)
+    with pytest.raises(RuntimeError, match="stride"):
+        MediaHasher("m").key("image", tensor)

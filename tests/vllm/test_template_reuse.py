@@ -1,0 +1,218 @@
+"""The template-reuse bug, through vLLM's real processor caches.
+
+One renderer is one frontend with one processor ("sender") cache; each stage-0 replica's
+engine core has its own receiver cache (vLLM's ``LruKeyReplicatedReceiverCache`` here).
+On a sender hit the frontend sends no tensors and the replica's receiver fills them in
+from what it cached under that key. So a key shared by two different media serves the
+second request the first one's features.
+
+A user's template prompt is used once, then copied three times with three new videos,
+and the four requests are spread over two replicas:
+
+* with records, every request is served its own video's features, for every routing;
+* with the old engine's write-back dicts (a faithful model below), the copies carry the
+  template's scoped key as a "user UUID", get ``stage0:rep1:stage0:rep0:<first hash>``,
+  and the sender cache hits for the wrong video.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _tiny_models import VLLM_MISSING
+
+pytest.importorskip("vllm", reason=VLLM_MISSING)
+
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+from _engine import features, render, same_features
+from _tiny_models import TinyModel
+from vllm.multimodal.cache import LruKeyReplicatedReceiverCache
+from vllm.multimodal.hasher import MultiModalHasher
+
+from omni_requests import InvalidPromptError, MediaHasher, TextPrompt, scope_to_replica
+from omni_requests_vllm import from_vllm, to_vllm
+
+pytestmark = pytest.mark.vllm
+
+REPLICAS = (0, 1)
+
+
+def _video(seed: int) -> np.ndarray:
+    # Same shape for all, so a stale hit is silent (no placeholder mismatch to crash on).
+    return np.random.default_rng(seed).integers(0, 256, (2, 28, 28, 3), dtype=np.uint8)
+
+
+TEMPLATE_VIDEO, COPY_VIDEOS = _video(100), [_video(101), _video(102), _video(103)]
+
+
+class Deployment:
+    """One frontend (renderer, one sender cache) in front of stage-0 replicas (receivers)."""
+
+    def __init__(self, renderer: Any) -> None:
+        self.renderer = renderer
+        self.replicas = {r: LruKeyReplicatedReceiverCache(renderer.model_config) for r in REPLICAS}
+        self.sender_hits: list[str] = []
+
+    def serve(self, prompt: Mapping[str, Any], replica: int) -> tuple[list[str], list[dict[str, Any]]]:
+        """Send one prompt dict to ``replica``: the keys it used and the features it was served."""
+        result = render(self.renderer, prompt)
+        keys = result["mm_hashes"]["video"]
+        sent = result["mm_kwargs"]["video"]
+        receiver = self.replicas[replica]
+        served = []
+        for key, item in zip(keys, sent, strict=True):
+            if item is None:
+                self.sender_hits.append(key)
+            served.append(receiver.get_and_update_item(item, key).get_data())
+        return keys, served
+
+
+def _alone(uncached_renderer: Any, model: TinyModel, video: np.ndarray) -> dict[str, Any]:
+    """The features of ``video`` processed by itself, with no cache involved."""
+    result = render(
+        uncached_renderer("qwen2_vl"), {"prompt": model.prompt(video=1), "multi_modal_data": {"video": video}}
+    )
+    (item,) = features(result)["video"]
+    assert item is not None
+    return item
+
+
+# -- the old path, modelled faithfully --
+
+
+def old_scope_in_place(prompt: dict[str, Any], replica: int, model_id: str) -> dict[str, Any]:
+    """vllm-omni's stage-0 scoping before the fix: it wrote the scoped keys into the caller's dict.
+
+    Per item the base is the user's UUID, else ``hash_kwargs(alg, model_id=..., <modality>=item)``;
+    the key is ``stage0:rep{R}:{base}``; the result replaces the prompt's own
+    ``multi_modal_uuids``, so whoever holds the dict now holds scoped keys.
+    """
+    scoped: dict[str, list[str]] = {}
+    given_all = prompt.get("multi_modal_uuids") or {}
+    for modality, value in prompt["multi_modal_data"].items():
+        items = value if isinstance(value, list) else [value]
+        given = given_all.get(modality)
+        given = [given] if isinstance(given, str) else list(given or [None] * len(items))
+        scoped[modality] = [
+            f"stage0:rep{replica}:"
+            + (
+                uuid
+                if uuid is not None
+                else MultiModalHasher.hash_kwargs("blake3", model_id=model_id, **{modality: item})
+            )
+            for uuid, item in zip(given, items, strict=True)
+        ]
+    prompt["multi_modal_uuids"] = scoped
+    return prompt
+
+
+def test_the_write_back_path_serves_a_copy_the_wrong_videos_features(
+    qwen2_vl: TinyModel, fresh_renderer: Any, uncached_renderer: Any
+) -> None:
+    deployment = Deployment(fresh_renderer("qwen2_vl"))
+    first_hash = MultiModalHasher.hash_kwargs("blake3", model_id=qwen2_vl.model_id, video=TEMPLATE_VIDEO)
+
+    template = {"prompt": qwen2_vl.prompt(video=1), "multi_modal_data": {"video": TEMPLATE_VIDEO}}
+    deployment.serve(old_scope_in_place(template, 0, qwen2_vl.model_id), 0)
+    assert template["multi_modal_uuids"] == {"video": [f"stage0:rep0:{first_hash}"]}  # the caller's dict
+
+    # Three copies of the used template with new videos; rep0 is busy, all go to rep1.
+    copies = [{**template, "multi_modal_data": {"video": video}} for video in COPY_VIDEOS]
+    served = [deployment.serve(old_scope_in_place(copy, 1, qwen2_vl.model_id), 1) for copy in copies]
+
+    stale = f"stage0:rep1:stage0:rep0:{first_hash}"
+    assert [keys for keys, _ in served] == [[stale]] * 3  # one key for three videos, two prefixes
+    assert deployment.sender_hits == [stale, stale]  # copies 2 and 3 hit the sender cache
+    first_copy = _alone(uncached_renderer, qwen2_vl, COPY_VIDEOS[0])
+    for video, (_, [got]) in zip(COPY_VIDEOS[1:], served[1:], strict=True):
+        assert same_features(got, first_copy)  # served the first copy's video ...
+        assert not same_features(got, _alone(uncached_renderer, qwen2_vl, video))  # ... not its own
+
+
+def _requests(qwen2_vl: TinyModel, *, copy_from_engine_copy: bool) -> list[tuple[TextPrompt, np.ndarray]]:
+    template = TextPrompt(prompt=qwen2_vl.prompt(video=1), multi_modal_data={"video": TEMPLATE_VIDEO})
+    source = template
+    if copy_from_engine_copy:
+        # Even copying the engine's scoped record is safe: keys are derived, never stored.
+        source = scope_to_replica(template, 0, hasher=MediaHasher(qwen2_vl.model_id))
+    copies = [attrs.evolve(source, multi_modal_data={"video": video}) for video in COPY_VIDEOS]
+    return [
+        (template, TEMPLATE_VIDEO),
+        *((copy, video) for copy, video in zip(copies, COPY_VIDEOS, strict=True)),
+    ]
+
+
+@pytest.mark.parametrize("copy_from_engine_copy", [False, True], ids=["copy-template", "copy-engine-copy"])
+@pytest.mark.parametrize(
+    "routing", list(itertools.product(REPLICAS, repeat=4)), ids=lambda r: "".join(map(str, r))
+)
+def test_records_serve_every_request_its_own_features(
+    routing: tuple[int, ...],
+    copy_from_engine_copy: bool,
+    qwen2_vl: TinyModel,
+    fresh_renderer: Any,
+    uncached_renderer: Any,
+    own_features: dict[int, dict[str, Any]],
+) -> None:
+    hasher = MediaHasher(qwen2_vl.model_id)
+    deployment = Deployment(fresh_renderer("qwen2_vl"))
+    requests = _requests(qwen2_vl, copy_from_engine_copy=copy_from_engine_copy)
+    originals = [to_vllm(record) for record, _ in requests]
+
+    all_keys = []
+    for (record, video), replica in zip(requests, routing, strict=True):
+        scoped = scope_to_replica(record, replica, hasher=hasher)
+        keys, [got] = deployment.serve(to_vllm(scoped), replica)
+        assert keys == [f"stage0:rep{replica}:{hasher.key('video', video)}"]
+        assert same_features(got, own_features[id(video)])
+        all_keys += keys
+
+    assert len(set(all_keys)) == 4 and all(key.count("stage0:") == 1 for key in all_keys)
+    assert deployment.sender_hits == []  # four different videos: nothing to hit
+    # The caller's records are as they were: no scope, no keys written into them.
+    for (record, _), original in zip(requests, originals, strict=True):
+        assert to_vllm(record).get("multi_modal_uuids") == original.get("multi_modal_uuids")
+
+
+@pytest.fixture(scope="module")
+def own_features(qwen2_vl: TinyModel, uncached_renderer: Any) -> dict[int, dict[str, Any]]:
+    return {id(v): _alone(uncached_renderer, qwen2_vl, v) for v in (TEMPLATE_VIDEO, *COPY_VIDEOS)}
+
+
+def test_a_retry_on_another_replica_is_keyed_like_a_first_request_there(
+    qwen2_vl: TinyModel, fresh_renderer: Any, own_features: dict[int, dict[str, Any]]
+) -> None:
+    hasher = MediaHasher(qwen2_vl.model_id)
+    deployment = Deployment(fresh_renderer("qwen2_vl"))
+    record = TextPrompt(prompt=qwen2_vl.prompt(video=1), multi_modal_data={"video": COPY_VIDEOS[0]})
+    on_rep0 = scope_to_replica(record, 0, hasher=hasher)
+    deployment.serve(to_vllm(on_rep0), 0)
+    retried = scope_to_replica(on_rep0, 1, hasher=hasher)  # the engine's copy, rerouted
+    keys, [got] = deployment.serve(to_vllm(retried), 1)
+    assert keys == [f"stage0:rep1:{hasher.key('video', COPY_VIDEOS[0])}"]
+    assert keys == deployment.serve(to_vllm(scope_to_replica(record, 1, hasher=hasher)), 1)[0]
+    assert same_features(got, own_features[id(COPY_VIDEOS[0])])
+
+
+def test_the_same_video_again_on_its_replica_is_a_correct_sender_hit(
+    qwen2_vl: TinyModel, fresh_renderer: Any, own_features: dict[int, dict[str, Any]]
+) -> None:
+    hasher = MediaHasher(qwen2_vl.model_id)
+    deployment = Deployment(fresh_renderer("qwen2_vl"))
+    record = TextPrompt(prompt=qwen2_vl.prompt(video=1), multi_modal_data={"video": TEMPLATE_VIDEO})
+    for _ in range(2):
+        keys, [got] = deployment.serve(to_vllm(scope_to_replica(record, 1, hasher=hasher)), 1)
+        assert same_features(got, own_features[id(TEMPLATE_VIDEO)])
+    assert deployment.sender_hits == keys  # caching still works where sharing is right
+
+
+def test_a_written_back_dict_is_refused_as_a_record(qwen2_vl: TinyModel) -> None:
+    template = {"prompt": qwen2_vl.prompt(video=1), "multi_modal_data": {"video": TEMPLATE_VIDEO}}
+    old_scope_in_place(template, 0, qwen2_vl.model_id)
+    with pytest.raises(InvalidPromptError, match="already scoped") as caught:
+        from_vllm({**template, "multi_modal_data": {"video": COPY_VIDEOS[0]}})
+    assert caught.value.path == "$.multi_modal_uuids.video[0]"

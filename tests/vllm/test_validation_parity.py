@@ -1,0 +1,676 @@
+"""``from_vllm`` accepts what vLLM accepts and refuses what it refuses, except where listed.
+
+A Hypothesis strategy draws valid prompt dicts for a real model (Qwen2-VL: images and
+videos; Qwen2-Audio: audio): text or token prompts, one placeholder per item, items
+given singly or in lists, UUIDs absent, bare, or lists mixing ``str`` and ``None``,
+processor and media-io options, cache salts. Each test example then applies one
+*mutation* (or none) with a stated outcome: whether vLLM's input boundary takes it
+(``parse_model_prompt``, ``render_cmpl``, ``InputProcessor.process_inputs``) and which of
+our errors ``from_vllm`` raises, at which field path. Both sides are checked against that
+outcome on every example, and wherever both accept, ``to_vllm(from_vllm(d))`` must
+render exactly like ``d``: same token ids, keys, placeholders and processed tensors.
+
+Where the outcomes differ, the difference is deliberate and listed in ``DIVERGENCES``;
+a test checks that the list names exactly the mutations whose outcomes differ, so a
+change in vLLM's behaviour (or ours) shows up here.
+"""
+
+from __future__ import annotations
+
+import pytest
+from _tiny_models import VLLM_MISSING
+
+pytest.importorskip("vllm", reason=VLLM_MISSING)
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+import _tiny_models as tm
+import attrs
+import numpy as np
+import torch
+from _engine import assert_same_engine_input, render, through_boundary
+from _tiny_models import TinyModel
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError
+from omni_requests_vllm import from_vllm, to_vllm
+
+pytestmark = pytest.mark.vllm
+
+MODELS = ("qwen2_vl", "qwen2_audio")
+
+# -- outcomes --
+
+
+@attrs.frozen
+class Outcome:
+    """What should happen to a prompt dict: at vLLM's boundary, and in ``from_vllm``."""
+
+    vllm_accepts: bool
+    error: type[OmniRequestsError] | None = None
+    """Our error class, or None where ``from_vllm`` accepts."""
+    path: str | None = None
+
+    @property
+    def we_accept(self) -> bool:
+        return self.error is None
+
+
+ACCEPTED = Outcome(vllm_accepts=True)
+
+
+def refused(error: type[OmniRequestsError], path: str) -> Outcome:
+    """Both refuse it; our error names the field."""
+    return Outcome(False, error, path)
+
+
+def stricter(error: type[OmniRequestsError], path: str) -> Outcome:
+    """vLLM takes it, we refuse it (a deliberate divergence)."""
+    return Outcome(True, error, path)
+
+
+OUT_OF_REACH = Outcome(vllm_accepts=False)
+"""vLLM refuses it for a reason a record cannot know (a deliberate divergence)."""
+
+
+@attrs.frozen
+class Divergence:
+    kind: Literal["stricter", "model-dependent", "normalised"]
+    why: str
+
+
+DIVERGENCES: dict[str, Divergence] = {
+    # We refuse what vLLM takes.
+    "unknown_field": Divergence(
+        "stricter",
+        "vLLM ignores keys it does not know, so a typo ('multi_modal_uuid') drops the UUIDs silently",
+    ),
+    "empty_uuid": Divergence("stricter", "'' would be one cache key for every item given it"),
+    "scoped_uuid": Divergence(
+        "stricter", "a 'stage0:rep1:...' UUID comes from an engine's copy; scoping it again stacks prefixes"
+    ),
+    "none_value_with_uuids": Divergence(
+        "stricter", "vLLM drops a modality whose value is None and leaves its placeholders unexpanded"
+    ),
+    "non_str_uuid_with_options": Divergence(
+        "stricter", "with processor or media-io options vLLM hashes any UUID object; a key must be a str"
+    ),
+    "uuid_modality_not_str": Divergence("stricter", "vLLM ignores UUID-only modalities, whatever their name"),
+    "token_id_bool_or_float": Divergence(
+        "stricter", "vLLM takes True and 2.0 as token ids; a record keeps ints"
+    ),
+    "prompt_not_str_beside_tokens": Divergence(
+        "stricter", "vLLM checks 'prompt' only when there are no token ids, then passes it on as it is"
+    ),
+    "cache_salt_not_str": Divergence("stricter", "vLLM passes any truthy cache salt on"),
+    "media_io_value_not_mapping": Divergence("stricter", "vLLM only hashes these options, whatever they are"),
+    "bad_options_without_media": Divergence(
+        "stricter", "vLLM never reads multi_modal_uuids or media options when there are no media"
+    ),
+    # vLLM refuses what we take: it depends on the model or the deployment, which a record does not know.
+    "unsupported_modality": Divergence(
+        "model-dependent", "the model's parser decides its modalities; records take any name"
+    ),
+    "placeholder_count_mismatch": Divergence("model-dependent", "placeholders are the model's tokens"),
+    "cached_only_item_not_cached": Divergence(
+        "model-dependent", "a None item is served from the processor cache, which this renderer has off"
+    ),
+    "token_id_out_of_vocab": Divergence("model-dependent", "the vocabulary is the model's"),
+    "empty_prompt": Divergence("model-dependent", "vLLM refuses an empty decoder prompt"),
+    "prompt_embeds_disabled": Divergence("model-dependent", "embeddings need --enable-prompt-embeds"),
+    "encoder_decoder_prompt": Divergence("model-dependent", "this model is decoder-only"),
+    # We take it and hand vLLM what it takes.
+    "token_ids_numpy": Divergence(
+        "normalised",
+        "vLLM fails on an ndarray of token ids; a record stores a list of ints",
+    ),
+}
+"""Every place where ``from_vllm`` and vLLM's boundary disagree, and why."""
+
+
+# -- valid prompts --
+
+
+@attrs.define
+class Case:
+    """A drawn prompt dict, with what it was built from (mutations edit ``prompt``)."""
+
+    model: TinyModel
+    tokenizer: Any
+    prompt: Any
+    counts: dict[str, int]
+    kind: Literal["text", "tokens"]
+    bare: set[str]
+    """Modalities whose one item is given by itself, not in a list."""
+
+    @property
+    def data(self) -> dict[str, Any]:
+        data: dict[str, Any] = self.prompt.setdefault("multi_modal_data", {})
+        return data
+
+    @property
+    def uuids(self) -> dict[Any, Any]:
+        uuids: dict[Any, Any] = self.prompt.setdefault("multi_modal_uuids", {})
+        return uuids
+
+    def items(self, modality: str) -> list[Any]:
+        """The modality's items as a list in the prompt (a single item is wrapped)."""
+        if modality in self.bare:
+            self.data[modality] = [self.data[modality]]
+            self.bare.discard(modality)
+        items: list[Any] = self.data[modality]
+        return items
+
+    def uuid_list(self, modality: str) -> list[Any]:
+        """The modality's UUIDs as a list in the prompt (created as all None)."""
+        given = self.uuids.get(modality)
+        if given is None:
+            given = [None] * self.counts[modality]
+        elif isinstance(given, str):
+            given = [given]
+        self.uuids[modality] = given = list(given)
+        return given
+
+    def drop_hash_factors(self) -> None:
+        self.prompt.pop("mm_processor_kwargs", None)
+        self.prompt.pop("media_io_kwargs", None)
+
+
+_rng = np.random.default_rng(7)
+_pixels = st.sampled_from([(28, 28), (28, 56), (56, 28)]).map(
+    lambda hw: _rng.integers(0, 256, (*hw, 3), dtype=np.uint8)
+)
+_frames = st.sampled_from([2, 4]).map(lambda n: _rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8))
+_wave = st.integers(400, 1600).map(lambda n: _rng.standard_normal(n).astype(np.float32))
+
+MEDIA: dict[str, st.SearchStrategy[Any]] = {
+    "image": st.one_of(_pixels, _pixels.map(Image.fromarray)),
+    "video": st.one_of(_frames, _frames.map(list), _frames.map(lambda f: (f, {"fps": 2.0}))),
+    "audio": st.one_of(
+        _wave, _wave.map(lambda w: (w, 16000)), _wave.map(lambda w: [float(x) for x in w[:400]])
+    ),
+}
+_uuid_text = st.text(min_size=1, max_size=12).filter(lambda s: not s.startswith("stage"))
+
+
+@st.composite
+def cases(
+    draw: st.DrawFn,
+    model: TinyModel,
+    tokenizer: Any,
+    *,
+    min_items: int = 0,
+    media: bool = True,
+    kind: Literal["text", "tokens"] | None = None,
+) -> Case:
+    """A valid prompt for ``model``; ``min_items`` in at least one modality."""
+    counts = {m: draw(st.integers(0, 2)) for m in model.modalities} if media else {}
+    if min_items:
+        chosen = draw(st.sampled_from(model.modalities))
+        counts[chosen] = max(counts[chosen], min_items)
+    data: dict[str, Any] = {}
+    uuids: dict[str, Any] = {}
+    bare: set[str] = set()
+    for modality, count in counts.items():
+        if count == 0:
+            if draw(st.booleans()):
+                data[modality] = []
+            continue
+        items = [draw(MEDIA[modality]) for _ in range(count)]
+        if count == 1 and draw(st.booleans()):
+            data[modality] = items[0]
+            bare.add(modality)
+        else:
+            data[modality] = items
+        form = draw(
+            st.sampled_from(["none", "list", "tuple", "bare"] if count == 1 else ["none", "list", "tuple"])
+        )
+        if form == "bare":
+            uuids[modality] = draw(_uuid_text)
+        elif form != "none":
+            given = [draw(st.none() | _uuid_text) for _ in range(count)]
+            uuids[modality] = given if form == "list" else tuple(given)
+    text = model.prompt(**counts)
+    kind = kind or draw(st.sampled_from(["text", "tokens"]))
+    prompt: dict[str, Any] = {"prompt": text}
+    if kind == "tokens":
+        prompt = {"prompt_token_ids": list(tokenizer(text)["input_ids"])}
+        if draw(st.booleans()):
+            prompt["prompt"] = text
+    if data or draw(st.booleans()):
+        prompt["multi_modal_data"] = data
+    if uuids:
+        prompt["multi_modal_uuids"] = uuids
+    if draw(st.booleans()):
+        prompt["cache_salt"] = draw(st.text(min_size=1, max_size=8))
+    if data and draw(st.booleans()):
+        prompt["media_io_kwargs"] = {m: {"num_frames": 2} for m in data}
+    if "image" in data and draw(st.booleans()):
+        prompt["mm_processor_kwargs"] = {"size": {"shortest_edge": 28 * 28, "longest_edge": 56 * 56}}
+    return Case(model, tokenizer, prompt, counts, kind, bare)
+
+
+# -- mutations: one edit of a valid prompt, with its outcome --
+
+Mutation = Callable[[st.DrawFn, Case], Outcome]
+MUTATIONS: dict[str, tuple[dict[str, Any], Mutation]] = {}
+"""name -> (what the valid prompt needs, the edit)."""
+
+
+def mutation(**needs: Any) -> Callable[[Mutation], Mutation]:
+    def register(edit: Mutation) -> Mutation:
+        MUTATIONS[edit.__name__] = (needs, edit)
+        return edit
+
+    return register
+
+
+def _modality(draw: st.DrawFn, case: Case, at_least: int = 1) -> str:
+    return draw(st.sampled_from(sorted(m for m, n in case.counts.items() if n >= at_least)))
+
+
+@mutation()
+def valid(draw: st.DrawFn, case: Case) -> Outcome:
+    return ACCEPTED
+
+
+# Both refuse.
+
+
+@mutation(min_items=1)
+def uuids_wrong_length(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case)
+    count = case.counts[m]
+    length = draw(st.sampled_from([n for n in (0, count - 1, count + 1, count + 2) if n >= 0 and n != count]))
+    case.uuids[m] = [draw(st.none() | _uuid_text) for _ in range(length)]
+    return refused(InvalidPromptError, f"$.multi_modal_uuids.{m}")
+
+
+@mutation(min_items=2)
+def bare_uuid_for_several_items(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case, 2)
+    case.uuids[m] = draw(_uuid_text)
+    return refused(InvalidPromptError, f"$.multi_modal_uuids.{m}")
+
+
+@mutation(min_items=1)
+def none_item_with_none_uuid(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case)
+    i = draw(st.integers(0, case.counts[m] - 1))
+    case.items(m)[i] = None
+    uuids = case.uuid_list(m)
+    uuids[:] = [u if u is not None else "x" for u in uuids]  # only item i lacks one
+    uuids[i] = None
+    return refused(InvalidPromptError, f"$.multi_modal_uuids.{m}[{i}]")
+
+
+@mutation(min_items=1)
+def none_item_without_uuids(draw: st.DrawFn, case: Case) -> Outcome:
+    # vLLM checks this only when UUIDs are given; without any it fails later, inside
+    # the HF processor, with an error that names no field.
+    m = _modality(draw, case)
+    i = draw(st.integers(0, case.counts[m] - 1))
+    case.items(m)[i] = None
+    case.uuids.pop(m, None)
+    return refused(InvalidPromptError, f"$.multi_modal_uuids.{m}[{i}]")
+
+
+@mutation(min_items=1)
+def none_value_without_uuids(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case)
+    case.data[m] = None
+    case.uuids.pop(m, None)
+    return refused(InvalidPromptError, f"$.multi_modal_data.{m}")
+
+
+@mutation(min_items=1)
+def non_str_uuid(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case)
+    i = draw(st.integers(0, case.counts[m] - 1))
+    case.uuid_list(m)[i] = draw(st.sampled_from([5, 2.5, b"id"]))
+    case.drop_hash_factors()  # vLLM then uses the UUID as the key and refuses a non-str one
+    return refused(PromptTypeError, f"$.multi_modal_uuids.{m}[{i}]")
+
+
+@mutation(min_items=1)
+def uuids_of_a_modality_not_a_list(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case)
+    case.uuids[m] = draw(st.sampled_from([5, None, {"x"}, frozenset({"x", "y"})]))
+    return refused(PromptTypeError, f"$.multi_modal_uuids.{m}")
+
+
+@mutation(min_items=1)
+def data_not_a_mapping(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case)
+    case.prompt["multi_modal_data"] = list(case.items(m))
+    return refused(PromptTypeError, "$.multi_modal_data")
+
+
+@mutation(min_items=1)
+def uuids_not_a_mapping(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt["multi_modal_uuids"] = draw(st.sampled_from([["x"], "x", 5]))
+    return refused(PromptTypeError, "$.multi_modal_uuids")
+
+
+@mutation()
+def modality_name_not_str(draw: st.DrawFn, case: Case) -> Outcome:
+    case.data[draw(st.sampled_from([0, 7, None]))] = np.zeros((28, 28, 3), np.uint8)
+    return refused(PromptTypeError, "$.multi_modal_data")
+
+
+@mutation(kind="text")
+def prompt_not_str(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt["prompt"] = draw(st.sampled_from([5, None, b"what", ["what"]]))
+    return refused(PromptTypeError, "$.prompt")
+
+
+@mutation(kind="tokens")
+def token_ids_not_a_list(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt["prompt_token_ids"] = draw(st.sampled_from(["what is", 5]))
+    return refused(PromptTypeError, "$.prompt_token_ids")
+
+
+@mutation(kind="tokens")
+def token_id_not_int(draw: st.DrawFn, case: Case) -> Outcome:
+    ids = case.prompt["prompt_token_ids"]
+    i = draw(st.integers(0, len(ids) - 1))
+    ids[i] = draw(st.sampled_from(["what", None, [1]]))
+    return refused(PromptTypeError, f"$.prompt_token_ids[{i}]")
+
+
+@mutation()
+def no_prompt_field(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt.pop("prompt", None)
+    case.prompt.pop("prompt_token_ids", None)
+    return refused(InvalidPromptError, "$")
+
+
+@mutation()
+def not_a_prompt(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt = draw(st.sampled_from([5, None, b"what", ("what",), 2.5]))
+    return refused(PromptTypeError, "$")
+
+
+@mutation(min_items=1)
+def processor_kwargs_not_a_mapping(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt["mm_processor_kwargs"] = draw(st.sampled_from([[1], "size", 5]))
+    return refused(PromptTypeError, "$.mm_processor_kwargs")
+
+
+@mutation(min_items=1)
+def media_io_kwargs_not_a_mapping(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt["media_io_kwargs"] = draw(st.sampled_from([[1], "video", 5]))
+    return refused(PromptTypeError, "$.media_io_kwargs")
+
+
+# We refuse what vLLM takes (see DIVERGENCES).
+
+
+@mutation()
+def unknown_field(draw: st.DrawFn, case: Case) -> Outcome:
+    name = draw(st.sampled_from(["multi_modal_uuid", "tenant", "mm_uuids", "images"]))
+    case.prompt[name] = draw(st.sampled_from(["x", 1, {"image": ["x"]}]))
+    return stricter(InvalidPromptError, f"$.{name}")
+
+
+def _bad_uuid(draw: st.DrawFn, case: Case, value: str) -> Outcome:
+    m = _modality(draw, case)
+    i = draw(st.integers(0, case.counts[m] - 1))
+    if case.counts[m] == 1 and draw(st.booleans()):
+        case.uuids[m] = value
+    else:
+        case.uuid_list(m)[i] = value
+    return stricter(InvalidPromptError, f"$.multi_modal_uuids.{m}[{i}]")
+
+
+@mutation(min_items=1)
+def empty_uuid(draw: st.DrawFn, case: Case) -> Outcome:
+    return _bad_uuid(draw, case, "")
+
+
+@mutation(min_items=1)
+def scoped_uuid(draw: st.DrawFn, case: Case) -> Outcome:
+    stage, replica = draw(st.integers(0, 3)), draw(st.integers(0, 3))
+    return _bad_uuid(draw, case, f"stage{stage}:rep{replica}:{draw(_uuid_text)}")
+
+
+@mutation(min_items=1)
+def none_value_with_uuids(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case)
+    case.uuid_list(m)[:] = [draw(_uuid_text) for _ in range(case.counts[m])]
+    case.data[m] = None
+    return stricter(InvalidPromptError, f"$.multi_modal_data.{m}")
+
+
+@mutation(min_items=1)
+def non_str_uuid_with_options(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case)
+    i = draw(st.integers(0, case.counts[m] - 1))
+    case.uuid_list(m)[i] = draw(st.sampled_from([5, 2.5, b"id"]))
+    case.prompt["media_io_kwargs"] = {m: {"num_frames": 2}}
+    return stricter(PromptTypeError, f"$.multi_modal_uuids.{m}[{i}]")
+
+
+@mutation()
+def uuid_modality_not_str(draw: st.DrawFn, case: Case) -> Outcome:
+    case.uuids[draw(st.sampled_from([0, 7]))] = ["x"]
+    return stricter(PromptTypeError, "$.multi_modal_uuids")
+
+
+@mutation(kind="tokens")
+def token_id_bool_or_float(draw: st.DrawFn, case: Case) -> Outcome:
+    ids = case.prompt["prompt_token_ids"]
+    if draw(st.booleans()):
+        ids.append(True)  # == 1, the BOS token
+        i = len(ids) - 1
+    else:
+        words = case.tokenizer.get_vocab()
+        plain = [i for i, token in enumerate(ids) if token in {words[w] for w in tm.PLAIN_WORDS}]
+        i = draw(st.sampled_from(plain))
+        ids[i] = float(ids[i])
+    return stricter(PromptTypeError, f"$.prompt_token_ids[{i}]")
+
+
+@mutation(kind="tokens")
+def prompt_not_str_beside_tokens(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt["prompt"] = draw(st.sampled_from([5, b"what", ["what"]]))
+    return stricter(PromptTypeError, "$.prompt")
+
+
+@mutation()
+def cache_salt_not_str(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt["cache_salt"] = draw(st.sampled_from([7, b"salt", ["salt"]]))
+    return stricter(PromptTypeError, "$.cache_salt")
+
+
+@mutation(min_items=1)
+def media_io_value_not_mapping(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case)
+    case.prompt["media_io_kwargs"] = {m: draw(st.sampled_from([5, "x", [1]]))}
+    return stricter(PromptTypeError, f"$.media_io_kwargs.{m}")
+
+
+@mutation(media=False)
+def bad_options_without_media(draw: st.DrawFn, case: Case) -> Outcome:
+    field = draw(st.sampled_from(["multi_modal_uuids", "mm_processor_kwargs", "media_io_kwargs"]))
+    case.prompt[field] = draw(st.sampled_from([["x"], "x", 5]))
+    return stricter(PromptTypeError, f"$.{field}")
+
+
+# vLLM refuses what we take (see DIVERGENCES).
+
+
+@mutation()
+def unsupported_modality(draw: st.DrawFn, case: Case) -> Outcome:
+    others = [m for m in ("image", "video", "audio", "point_cloud") if m not in case.model.modalities]
+    case.data[draw(st.sampled_from(others))] = np.zeros((28, 28, 3), np.uint8)
+    return OUT_OF_REACH
+
+
+@mutation()
+def placeholder_count_mismatch(draw: st.DrawFn, case: Case) -> Outcome:
+    m = draw(st.sampled_from(case.model.modalities))
+    if case.counts.get(m):
+        case.items(m).append(draw(MEDIA[m]))
+        if m in case.uuids:
+            case.uuid_list(m).append(None)
+    else:
+        case.data[m] = [draw(MEDIA[m])]
+    return OUT_OF_REACH
+
+
+@mutation(min_items=1)
+def cached_only_item_not_cached(draw: st.DrawFn, case: Case) -> Outcome:
+    m = _modality(draw, case)
+    i = draw(st.integers(0, case.counts[m] - 1))
+    case.items(m)[i] = None
+    case.uuid_list(m)[i] = draw(_uuid_text)
+    return OUT_OF_REACH
+
+
+@mutation(kind="tokens")
+def token_id_out_of_vocab(draw: st.DrawFn, case: Case) -> Outcome:
+    ids = case.prompt["prompt_token_ids"]
+    ids[draw(st.integers(0, len(ids) - 1))] = draw(st.sampled_from([-1, len(case.tokenizer), 10**6]))
+    return OUT_OF_REACH
+
+
+@mutation(media=False)
+def empty_prompt(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt.pop("multi_modal_data", None)
+    if case.kind == "text":
+        case.prompt["prompt"] = ""
+    else:
+        case.prompt["prompt_token_ids"] = []
+        case.prompt.pop("prompt", None)
+    return OUT_OF_REACH
+
+
+@mutation()
+def prompt_embeds_disabled(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt.pop("prompt", None)
+    case.prompt.pop("prompt_token_ids", None)
+    case.prompt["prompt_embeds"] = torch.zeros(3, 64)
+    return OUT_OF_REACH
+
+
+@mutation()
+def encoder_decoder_prompt(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt = {"encoder_prompt": case.prompt, "decoder_prompt": None}
+    return OUT_OF_REACH
+
+
+@mutation(kind="tokens", media=False)
+def token_ids_numpy(draw: st.DrawFn, case: Case) -> Outcome:
+    case.prompt["prompt_token_ids"] = np.array(case.prompt["prompt_token_ids"], dtype=np.int64)
+    return OUT_OF_REACH
+
+
+# -- the checks --
+
+
+@pytest.fixture(scope="module")
+def boundary(tiny_models: dict[str, TinyModel], uncached_renderer: Any) -> dict[str, tuple[Any, Any]]:
+    """Per model: a renderer without processor cache and an InputProcessor sharing it."""
+    result = {}
+    for name in MODELS:
+        renderer = uncached_renderer(name)
+        result[name] = (renderer, tm.build_input_processor(renderer))
+    return result
+
+
+def _vllm_accepts(renderer: Any, processor: Any, prompt: object) -> bool:
+    try:
+        through_boundary(renderer, processor, prompt)
+    except Exception:  # noqa: BLE001 - vLLM refuses with many exception types
+        return False
+    return True
+
+
+def _from_vllm(prompt: object) -> tuple[Any, OmniRequestsError | None]:
+    try:
+        return from_vllm(prompt), None
+    except OmniRequestsError as error:
+        return None, error
+
+
+def _check(name: str, data: st.DataObject, tiny_models: dict[str, TinyModel], boundary: Any) -> None:
+    needs, edit = MUTATIONS[name]
+    model_name = data.draw(st.sampled_from(MODELS), label="model")
+    renderer, processor = boundary[model_name]
+    case = data.draw(cases(tiny_models[model_name], renderer.get_tokenizer(), **needs), label="valid prompt")
+    expected = edit(data.draw, case)
+    prompt = case.prompt
+
+    # Ours first: from_vllm never changes its input, vLLM may.
+    record, error = _from_vllm(prompt)
+    if error is None:
+        assert expected.we_accept, f"from_vllm took a prompt it should refuse at {expected.path}"
+    else:
+        assert expected.error is not None, f"from_vllm refused a prompt it should take: {error}"
+        assert type(error) is expected.error, error
+        assert error.path == expected.path, error
+        assert str(error).startswith(f"{expected.path}: ")
+
+    assert _vllm_accepts(renderer, processor, prompt) is expected.vllm_accepts, (
+        "vLLM's behaviour changed; update the outcome (and DIVERGENCES)"
+    )
+
+    if record is None:
+        return
+    if expected.vllm_accepts:
+        assert_same_engine_input(render(renderer, to_vllm(record)), render(renderer, prompt))
+    else:
+        # What a record cannot know, vLLM still refuses at the boundary; a normalised
+        # value is handed over in the shape vLLM takes.
+        normalised = DIVERGENCES.get(name, Divergence("stricter", "")).kind == "normalised"
+        assert _vllm_accepts(renderer, processor, to_vllm(record)) is normalised
+
+
+EXAMPLES = {"valid": 200}
+
+
+@pytest.mark.parametrize("name", list(MUTATIONS))
+def test_from_vllm_agrees_with_vllms_boundary(
+    name: str, tiny_models: dict[str, TinyModel], boundary: dict[str, tuple[Any, Any]]
+) -> None:
+    @settings(
+        max_examples=EXAMPLES.get(name, 15),
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(data=st.data())
+    def check(data: st.DataObject) -> None:
+        _check(name, data, tiny_models, boundary)
+
+    check()
+
+
+def _declared_outcome(name: str, tiny_models: dict[str, TinyModel], boundary: Any) -> Outcome:
+    needs, edit = MUTATIONS[name]
+    seen: list[Outcome] = []
+
+    @settings(max_examples=1, deadline=None, database=None)
+    @given(data=st.data())
+    def draw_one(data: st.DataObject) -> None:
+        model = tiny_models[data.draw(st.sampled_from(MODELS))]
+        case = data.draw(cases(model, boundary[model.name][0].get_tokenizer(), **needs))
+        seen.append(edit(data.draw, case))
+
+    draw_one()
+    return seen[0]
+
+
+def test_divergences_are_exactly_the_mutations_whose_outcomes_differ(
+    tiny_models: dict[str, TinyModel], boundary: dict[str, tuple[Any, Any]]
+) -> None:
+    differing = {
+        name
+        for name in MUTATIONS
+        if (outcome := _declared_outcome(name, tiny_models, boundary)).vllm_accepts != outcome.we_accept
+    }
+    assert differing == set(DIVERGENCES)
