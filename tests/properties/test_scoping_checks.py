@@ -1,0 +1,200 @@
+"""omni_requests.testing: the checks pass on correct scoping and catch each kind of broken one."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+from omni_requests import scope_to_replica
+from omni_requests import strategies as S
+from omni_requests.testing import PROPERTIES, ScopingPropertyError, check_scoping
+from omni_requests_vllm import from_vllm, to_vllm
+
+from . import _scopers
+
+# Passing checks search at random: any input they find broken is a real bug.
+SEARCH = settings(max_examples=10, database=None, suppress_health_check=[HealthCheck.too_slow])
+# Checks expected to fail replay the same search every run, so they cannot flake; most
+# skip shrinking, which only makes the counter-example smaller.
+REPLAY = settings(max_examples=25, database=None, derandomize=True)
+FIND = settings(REPLAY, max_examples=100, phases=[Phase.explicit, Phase.generate])
+
+
+def test_passes_on_our_scope_to_replica() -> None:
+    check_scoping(_scopers.ours, settings=SEARCH)
+
+
+def test_passes_on_our_scoping_behind_a_dict_engine() -> None:
+    check_scoping(_scopers.ours_through_dicts, to_dict=to_vllm, settings=SEARCH)
+
+
+def test_passes_on_a_shallow_copy_scoping() -> None:
+    check_scoping(_scopers.shallow_copy, to_dict=to_vllm, settings=SEARCH)
+
+
+def test_passes_on_a_function_that_returns_the_replica_it_chose() -> None:
+    check_scoping(_scopers.shallow_copy_choosing, to_dict=to_vllm, settings=SEARCH)
+
+
+def test_passes_on_another_stage_and_more_replicas() -> None:
+    def stage2(prompt: Any, replica: int) -> Any:
+        return scope_to_replica(prompt, replica, hasher=_scopers.HASHER, stage_id=2)
+
+    check_scoping(stage2, stage_id=2, replicas=3, settings=SEARCH, properties=["one_scope_prefix"])
+
+
+SHOWN = ("distinct_media_distinct_keys", "one_scope_prefix")
+
+
+def test_the_old_write_back_fails_with_a_readable_counter_example() -> None:
+    with pytest.raises(ScopingPropertyError) as caught:
+        check_scoping(_scopers.old_write_back, to_dict=to_vllm, settings=REPLAY, properties=SHOWN)
+    error = caught.value
+    message = str(error)
+    print(message)  # shown with -s: what a user sees
+    assert error.properties == SHOWN
+    # The double prefix the bug produced: a key scoped, written back, and scoped again.
+    assert re.search(r"stage0:rep\d:stage0:rep\d:[0-9a-f]{8}…", message)
+    # The bug itself: a copy with new media, sent after the template, got the template's key.
+    distinct = message[message.index("scoping property 'distinct_media_distinct_keys'") :]
+    assert re.search(r"copy 1 \w+\[0\] on replica \d \(content #\w+\)\n +step 3: template", distinct)
+    # Shrunk to the smallest story: the template is sent, one copy is sent, one retry.
+    prefix = message[message.index("scoping property 'one_scope_prefix'") :]
+    calls = prefix[prefix.index("calls:") : prefix.index("keys each call gave:")]
+    assert calls.count("fn(") == 3, calls
+
+
+def test_a_changed_caller_is_shown_where_it_changed() -> None:
+    with pytest.raises(ScopingPropertyError) as caught:
+        check_scoping(
+            _scopers.old_write_back, to_dict=to_vllm, properties=["caller_unchanged"], settings=FIND
+        )
+    assert re.search(r"step 1 changed the template's prompt: \$\.multi_modal_uuids\S*: ", str(caught.value))
+
+
+# Each property, and a plausible mistake that breaks it (several break more than one).
+BROKEN: list[tuple[str, Callable[..., Any], bool]] = [
+    ("caller_unchanged", _scopers.old_write_back, True),
+    ("caller_unchanged", _scopers.scope_in_place, False),
+    ("distinct_media_distinct_keys", _scopers.hash_shape_only, True),
+    ("distinct_media_distinct_keys", _scopers.old_write_back, True),
+    ("equal_media_equal_keys", _scopers.key_by_object_identity, True),
+    ("replicas_distinct_keys", _scopers.ignore_replica, True),
+    ("one_scope_prefix", _scopers.wrong_stage, True),
+    ("one_scope_prefix", _scopers.ignore_replica, True),
+    ("rescoping_keeps_base", _scopers.old_write_back, True),
+    ("rescoping_keeps_base", _scopers.key_by_object_identity, True),
+    ("user_uuids_kept", _scopers.hash_despite_uuid, True),
+    ("none_items_kept", _scopers.drop_none_items, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("prop", "fn", "dicts"), BROKEN, ids=[f"{prop}-{fn.__name__}" for prop, fn, _ in BROKEN]
+)
+def test_each_property_catches_a_broken_function(prop: str, fn: Callable[..., Any], dicts: bool) -> None:
+    with pytest.raises(ScopingPropertyError) as caught:
+        check_scoping(fn, to_dict=to_vllm if dicts else None, properties=[prop], settings=FIND)
+    assert caught.value.properties == (prop,)
+    message = str(caught.value)
+    assert message.startswith(f"scoping property {prop!r} failed: {PROPERTIES[prop]}")
+    assert "Counter-example (shrunk by Hypothesis):" in message and "keys each call gave:" in message
+
+
+def test_every_property_is_shown_to_fail() -> None:
+    assert {prop for prop, _, _ in BROKEN} == set(PROPERTIES)
+
+
+@pytest.mark.parametrize(
+    ("fn", "broken"),
+    [
+        (_scopers.hash_shape_only, {"distinct_media_distinct_keys"}),
+        (_scopers.drop_none_items, {"none_items_kept"}),
+    ],
+    ids=lambda value: getattr(value, "__name__", ""),
+)
+def test_a_mistake_breaks_only_what_it_breaks(fn: Callable[..., Any], broken: set[str]) -> None:
+    with pytest.raises(ScopingPropertyError) as caught:
+        check_scoping(fn, to_dict=to_vllm, settings=settings(FIND, max_examples=15))
+    assert set(caught.value.properties) == broken
+
+
+def test_an_exception_from_the_function_is_not_taken_for_a_property() -> None:
+    def crashes(prompt: Any, replica: int) -> Any:
+        raise RuntimeError("engine down")
+
+    with pytest.raises(RuntimeError, match="engine down"):
+        check_scoping(crashes, settings=FIND)
+
+
+def test_a_function_that_scopes_in_place_is_told_how_to_be_checked() -> None:
+    def in_place(prompt: dict[str, Any], replica: int) -> None:
+        _scopers.old_write_back(prompt, replica)
+
+    with pytest.raises(TypeError, match=r"returned None; .*\(fn\(prompt, replica\), prompt\)\[1\]"):
+        check_scoping(in_place, to_dict=to_vllm, settings=FIND)
+    with pytest.raises(ScopingPropertyError, match="caller_unchanged"):
+        check_scoping(
+            lambda p, r: (in_place(p, r), p)[1],
+            to_dict=to_vllm,
+            properties=["caller_unchanged"],
+            settings=FIND,
+        )
+
+
+def test_a_result_of_the_wrong_kind_is_named() -> None:
+    with pytest.raises(TypeError, match="returned dict, expected a prompt record"):
+        check_scoping(lambda p, r: {}, settings=FIND)
+    with pytest.raises(TypeError, match=r"returned \S*Prompt, expected a prompt dict"):
+        check_scoping(lambda p, r: _scopers.ours(from_vllm(p), r), to_dict=to_vllm, settings=FIND)
+
+
+def test_prompts_can_be_narrowed_to_what_an_engine_supports() -> None:
+    images_only = S.text_prompts(modalities=["image"], media=True, user_uuids=False, none_items=False)
+    seen: set[str] = set()
+
+    def spy(prompt: Any, replica: int) -> Any:
+        seen.update(prompt.multi_modal_data)
+        return _scopers.ours(prompt, replica)
+
+    check_scoping(spy, prompts=images_only, properties=["one_scope_prefix"], settings=SEARCH)
+    assert seen == {"image"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"properties": ["one_prefix"]}, ValueError, "properties must be some of caller_unchanged"),
+        ({"properties": []}, ValueError, "properties must be some of"),
+        ({"replicas": 1}, ValueError, "replicas must be an int >= 2, got 1"),
+        ({"stage_id": -1}, ValueError, "stage_id must be an int >= 0"),
+        ({"max_calls": True}, ValueError, "max_calls must be an int >= 3, got True"),
+        ({"prompts": [1]}, TypeError, "prompts must be a Hypothesis strategy"),
+        ({"to_dict": "to_vllm"}, TypeError, "to_dict must be callable"),
+    ],
+)
+def test_bad_arguments_are_named(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=re.escape(message)):
+        check_scoping(_scopers.ours, **kwargs)
+    with pytest.raises(TypeError, match="fn must be callable"):
+        check_scoping("scope_to_replica")  # type: ignore[arg-type]
+
+
+def test_a_single_property_name_is_accepted() -> None:
+    check_scoping(_scopers.ours, properties="one_scope_prefix", settings=SEARCH)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fn", "to_dict"),
+    [(_scopers.ours, None), (_scopers.ours_through_dicts, to_vllm), (_scopers.shallow_copy, to_vllm)],
+    ids=["records", "records-behind-dicts", "shallow-copy"],
+)
+def test_checks_pass_over_many_examples_of_every_prompt_kind(fn: Callable[..., Any], to_dict: Any) -> None:
+    every_kind = S.prompts(kinds=("text", "tokens", "embeds"), media=True, embeddings=True)
+    long = settings(SEARCH, max_examples=300)
+    check_scoping(fn, to_dict=to_dict, prompts=every_kind, replicas=3, settings=long)
