@@ -1,0 +1,165 @@
+"""Choosing a stage-0 replica: what a policy sees, round robin, and cache affinity.
+
+A policy is any callable ``(RouteRequest) -> int | None``: it gets the request's id,
+the live replica ids and (lazily) the request's media keys, and returns one of the live
+ids, or ``None`` when no replica can take the request now.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from typing import Final, TypeAlias
+
+__all__ = ["CacheAffinity", "RoundRobin", "RouteRequest", "SelectReplica"]
+
+
+class RouteRequest:
+    """What a replica-selection policy knows about one request.
+
+    ``media_keys`` are the *unscoped* bases of the request's media keys (the user's UUID
+    or the content hash), in order of first appearance, without repeats. They are
+    computed on first access only, so a policy that ignores them costs no hashing.
+    """
+
+    __slots__ = ("_compute_keys", "_media_keys", "replicas", "request_id")
+
+    request_id: str | None
+    replicas: tuple[int, ...]
+
+    def __init__(
+        self,
+        request_id: str | None,
+        replicas: Sequence[int],
+        media_keys: Sequence[str] | Callable[[], Sequence[str]] = (),
+    ) -> None:
+        self.request_id = request_id
+        self.replicas = tuple(replicas)
+        self._media_keys: tuple[str, ...] | None = None
+        self._compute_keys: Callable[[], Sequence[str]] | None = None
+        if callable(media_keys):
+            self._compute_keys = media_keys
+        else:
+            self._media_keys = tuple(media_keys)
+
+    @property
+    def media_keys(self) -> tuple[str, ...]:
+        if self._media_keys is None:
+            assert self._compute_keys is not None
+            self._media_keys = tuple(dict.fromkeys(self._compute_keys()))
+        return self._media_keys
+
+    def __repr__(self) -> str:
+        keys = "<not computed>" if self._media_keys is None else repr(self._media_keys)
+        return f"RouteRequest(request_id={self.request_id!r}, replicas={self.replicas!r}, media_keys={keys})"
+
+
+SelectReplica: TypeAlias = Callable[[RouteRequest], "int | None"]
+"""A replica-selection policy: a live replica id for the request, or ``None`` for none now."""
+
+
+class RoundRobin:
+    """Each request goes to the next live replica in turn; ``None`` when none is live.
+
+    The counter advances once per request, and membership changes take effect at once
+    (the turn is taken modulo the current number of live replicas). Thread-safe:
+    ``next`` on an ``itertools.count`` is atomic under the GIL.
+
+    >>> policy = RoundRobin()
+    >>> [policy(RouteRequest(None, [0, 1, 2])) for _ in range(4)]
+    [0, 1, 2, 0]
+    """
+
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def __call__(self, request: RouteRequest) -> int | None:
+        replicas = request.replicas
+        if not replicas:
+            return None
+        return replicas[next(self._turn) % len(replicas)]
+
+    def __repr__(self) -> str:
+        return "RoundRobin()"
+
+
+_SCORE_BYTES: Final = 8
+
+
+def _score(key: str, replica: int) -> int:
+    """A replica's rendezvous weight for ``key``: stable across processes and runs."""
+    digest = hashlib.blake2b(f"{replica}\x00{key}".encode(), digest_size=_SCORE_BYTES).digest()
+    return int.from_bytes(digest, "big")
+
+
+def rendezvous_order(key: str, replicas: Sequence[int]) -> list[int]:
+    """``replicas`` from most to least preferred for ``key`` (highest random weight first)."""
+    return sorted(replicas, key=lambda replica: _score(key, replica), reverse=True)
+
+
+class CacheAffinity:
+    """Send requests with the same media to the same replica, whose cache holds it.
+
+    Each media key has a home among the live replicas: the one with the highest
+    rendezvous weight for it. A request goes to the replica that is home to most of its
+    keys (ties go to the home of its first key). When a replica leaves, only the keys
+    homed on it move, each to its next preferred live replica; every other key keeps
+    its home, and so its cache entries. A request without media keys goes to
+    ``fallback`` (round robin by default).
+
+    Popular media make their home busy. Give ``load`` (a replica's current load, such as
+    its queue length) to bound that: a replica whose load has reached
+    ``ceil(max_load_ratio * mean load)`` (the mean counting this request) is skipped for
+    the next preferred one ("consistent hashing with bounded loads", Mirrokni et al.),
+    trading a few cache hits for balance.
+
+    >>> policy = CacheAffinity()
+    >>> a = policy(RouteRequest("r1", [0, 1, 2, 3], ["cat-video"]))
+    >>> a == policy(RouteRequest("r2", [0, 1, 2, 3], ["cat-video"]))
+    True
+    """
+
+    def __init__(
+        self,
+        fallback: SelectReplica | None = None,
+        *,
+        load: Callable[[int], float] | None = None,
+        max_load_ratio: float = 1.25,
+    ) -> None:
+        if max_load_ratio < 1.0:
+            raise ValueError(f"max_load_ratio must be >= 1.0, got {max_load_ratio!r}")
+        self.fallback: SelectReplica = fallback if fallback is not None else RoundRobin()
+        self.load = load
+        self.max_load_ratio = max_load_ratio
+
+    def preference(self, request: RouteRequest) -> list[int]:
+        """The live replicas in the order this policy prefers them for ``request``."""
+        keys = request.media_keys
+        replicas = request.replicas
+        if not keys or not replicas:
+            return []
+        votes = dict.fromkeys(replicas, 0)
+        for key in keys:
+            votes[rendezvous_order(key, replicas)[0]] += 1
+        first = keys[0]
+        return sorted(replicas, key=lambda replica: (votes[replica], _score(first, replica)), reverse=True)
+
+    def __call__(self, request: RouteRequest) -> int | None:
+        order = self.preference(request)
+        if not order:
+            return self.fallback(request) if request.replicas else None
+        if self.load is None:
+            return order[0]
+        loads = {replica: float(self.load(replica)) for replica in order}
+        # Capacity per replica once this request is counted: ceil(c * (total + 1) / n).
+        capacity = math.ceil(self.max_load_ratio * (sum(loads.values()) + 1.0) / len(loads))
+        for replica in order:
+            if loads[replica] < capacity:
+                return replica
+        return min(order, key=lambda replica: loads[replica])  # only for odd loads (negative, NaN)
+
+    def __repr__(self) -> str:
+        bounded = "" if self.load is None else f", load=..., max_load_ratio={self.max_load_ratio}"
+        return f"CacheAffinity(fallback={self.fallback!r}{bounded})"

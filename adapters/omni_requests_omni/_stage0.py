@@ -1,0 +1,282 @@
+"""Drop-in stage-0 scoping for engines with several stage-0 replicas (vllm-omni).
+
+The engine picks a stage-0 replica before preprocessing and scopes every media key to
+it, because the frontend's processor cache is one per process while each replica has
+its own. :func:`scope_stage0` does that without writing into the caller's prompts:
+dicts come back as fresh dicts, records as new records.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Generic, NamedTuple, TypeVar
+
+import attrs
+from pyrsistent import PMap, PVector
+
+from omni_requests import (
+    EmbedsPrompt,
+    EncoderDecoderPrompt,
+    InvalidPromptError,
+    MediaHasher,
+    MediaKey,
+    OmniRequestsError,
+    PromptTypeError,
+    Scope,
+    TextPrompt,
+    TokensPrompt,
+    media_keys,
+    scope_to_replica,
+)
+from omni_requests._errors import type_name
+from omni_requests._keys import check_index
+from omni_requests_vllm import from_vllm, to_vllm
+
+from ._routing import RouteRequest, SelectReplica
+
+__all__ = ["Stage0Pool", "Stage0Result", "scope_stage0"]
+
+_T = TypeVar("_T")
+_SINGLE = (TextPrompt, TokensPrompt, EmbedsPrompt)
+_RECORDS = (*_SINGLE, EncoderDecoderPrompt)
+_KeyMap = PMap[str, PVector[MediaKey | None]]
+
+
+def _replica_ids(value: object) -> tuple[int, ...]:
+    path = "$.replicas"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return tuple(range(check_index(path, value)))
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise PromptTypeError(
+            path, f"must be a replica count or the live replica ids, got {type_name(value)}"
+        )
+    ids = tuple(check_index(f"{path}[{i}]", replica) for i, replica in enumerate(value))
+    if len(set(ids)) != len(ids):
+        raise InvalidPromptError(path, f"replica ids must be distinct, got {list(ids)}")
+    return ids
+
+
+def _types(value: object) -> tuple[type[Any], ...]:
+    if isinstance(value, type):
+        return (value,)
+    if not isinstance(value, Iterable):
+        raise PromptTypeError("$.engine_request_types", f"must be a type or types, got {type_name(value)}")
+    types = tuple(value)
+    for i, kind in enumerate(types):
+        if not isinstance(kind, type):
+            raise PromptTypeError(f"$.engine_request_types[{i}]", f"must be a type, got {type_name(kind)}")
+    return types
+
+
+def _callable(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if not callable(value):
+        raise PromptTypeError(f"$.{attribute.name}", f"must be callable, got {type_name(value)}")
+
+
+@attrs.frozen(kw_only=True)
+class Stage0Pool:
+    """The facts about stage 0 that scoping depends on.
+
+    ``replicas`` are the ids of the live replicas (an ``int`` n stands for ``0..n-1``);
+    scoping happens only with more than one. ``select`` picks one for a request (see
+    :class:`RouteRequest`), or returns ``None`` when none is serviceable yet, as a
+    distributed pool may. ``is_diffusion`` marks a diffusion stage 0, which has no
+    processor cache to scope. ``engine_request_types`` name prompt types that are
+    already engine requests; vLLM's ``EngineCoreRequest`` is always recognised.
+
+    Build one per request from the engine's pool (it is a few attributes), so
+    membership changes are seen at once.
+    """
+
+    replicas: tuple[int, ...] = attrs.field(converter=_replica_ids)
+    select: SelectReplica = attrs.field(validator=_callable)
+    is_diffusion: bool = attrs.field(default=False, converter=bool)
+    engine_request_types: tuple[type[Any], ...] = attrs.field(default=(), converter=_types)
+
+
+class Stage0Result(NamedTuple, Generic[_T]):
+    """The chosen replica (``None``: nothing was scoped) and the prompts for ``process_inputs``."""
+
+    replica_id: int | None
+    prompts: _T
+
+
+def _is_engine_request(value: object, extra: tuple[type[Any], ...]) -> bool:
+    # An EngineCoreRequest exists only once vllm.v1.engine is imported; never import it here.
+    engine = sys.modules.get("vllm.v1.engine")
+    kind = getattr(engine, "EngineCoreRequest", None)
+    if isinstance(kind, type) and isinstance(value, kind):
+        return True
+    return bool(extra) and isinstance(value, extra)
+
+
+def _is_token_list(value: object) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) > 0
+        and all(isinstance(token, int) and not isinstance(token, bool) for token in value)
+    )
+
+
+def _carries_media(prompt: object) -> bool:
+    """Whether ``prompt`` has ``multi_modal_data``, read the way the engine reads it."""
+    if isinstance(prompt, _SINGLE):
+        return bool(prompt.multi_modal_data)
+    if isinstance(prompt, EncoderDecoderPrompt):
+        return _carries_media(prompt.encoder_prompt) or _carries_media(prompt.decoder_prompt)
+    if isinstance(prompt, Mapping):
+        if "encoder_prompt" in prompt:
+            return _carries_media(prompt.get("encoder_prompt")) or _carries_media(
+                prompt.get("decoder_prompt")
+            )
+        return bool(prompt.get("multi_modal_data"))
+    return False
+
+
+def _parts(record: object) -> list[Any]:
+    """The single prompts inside a record (two for an encoder-decoder prompt)."""
+    if isinstance(record, EncoderDecoderPrompt):
+        return [record.encoder_prompt, record.decoder_prompt]
+    return [record]
+
+
+class _Request:
+    """One request's prompts, checked, with their media keys computed at most once."""
+
+    def __init__(self, items: list[object], hasher: MediaHasher, at: Callable[[int], str]) -> None:
+        self.hasher = hasher
+        self.items = items
+        self.records: list[object] = []
+        for i, item in enumerate(items):
+            if isinstance(item, (*_RECORDS, str)) or _is_token_list(item):
+                self.records.append(item)
+            elif isinstance(item, Mapping):
+                try:
+                    self.records.append(from_vllm(item))
+                except OmniRequestsError as error:
+                    raise type(error)(at(i) + error.path[1:], error.message) from None
+            else:
+                raise PromptTypeError(
+                    at(i),
+                    "must be a prompt dict, a prompt record, a str or a list of token ids "
+                    f"to be scoped, got {type_name(item)}",
+                )
+        self._keys: dict[int, list[_KeyMap | None]] = {}
+
+    def keys(self, index: int) -> list[_KeyMap | None]:
+        """The unscoped keys of item ``index``, per part (``None`` for a missing part)."""
+        found = self._keys.get(index)
+        if found is None:
+            record = self.records[index]
+            parts = _parts(record) if isinstance(record, _RECORDS) else []
+            found = self._keys[index] = [
+                None if part is None else media_keys(part, self.hasher) for part in parts
+            ]
+        return found
+
+    def bases(self) -> Iterator[str]:
+        """Every key's base, item by item, modalities in name order (stable across processes)."""
+        for index in range(len(self.records)):
+            for part in self.keys(index):
+                for modality in sorted(part or {}):
+                    for key in part[modality]:  # type: ignore[index]
+                        if key is not None:
+                            yield key.base
+
+    def scoped(self, index: int, scope: Scope) -> object:
+        item, record = self.items[index], self.records[index]
+        if isinstance(item, _RECORDS):
+            return scope_to_replica(item, scope.replica_id, hasher=self.hasher, stage_id=scope.stage_id)
+        if isinstance(item, str):
+            return item
+        if _is_token_list(item):
+            return list(item)  # type: ignore[call-overload]
+        out = to_vllm(record)  # type: ignore[call-overload]
+        keys = self.keys(index)
+        if isinstance(record, EncoderDecoderPrompt):
+            for name, part, part_keys in zip(
+                ("encoder_prompt", "decoder_prompt"), _parts(record), keys, strict=True
+            ):
+                if part is not None:
+                    _set_uuids(out[name], part, part_keys, scope)
+        else:
+            _set_uuids(out, record, keys[0], scope)
+        return out
+
+
+def _set_uuids(out: dict[str, Any], part: Any, keys: _KeyMap | None, scope: Scope) -> None:
+    """Write the scoped keys into a fresh engine dict: what ``rendered_uuids`` gives for
+    the scoped record, rendered from keys already computed, so no item is hashed twice."""
+    if keys is None or (not part.multi_modal_data and not part.multi_modal_uuids):
+        return
+    out["multi_modal_uuids"] = {
+        modality: [None if key is None else MediaKey(key.base, key.origin, scope).render() for key in row]
+        for modality, row in keys.items()
+    }
+
+
+def scope_stage0(
+    prompts: _T,
+    *,
+    pool: Stage0Pool,
+    hasher: MediaHasher,
+    request_id: str | None = None,
+) -> Stage0Result[_T]:
+    """Pick a stage-0 replica for a request and scope its media keys to it.
+
+    ``prompts`` is what the engine would hand to ``process_inputs``: one prompt or a
+    list of them, as vLLM/vllm-omni dicts or as records. The result is
+    ``(replica_id, prompts)``:
+
+    - scoped: every media key becomes ``stage0:rep{R}:{base}``, where the base is the
+      item's user UUID or its content hash (``hasher``: the engine's model string and
+      hash algorithm). All prompts of the request get the same replica. Dicts come back
+      as new dicts (lists and dicts inside are new too), records as new records, strs
+      and token lists as they are (a token list copied). Nothing of the caller's
+      changes, so a template dict can be reused and a retry scoped again.
+    - passed through, ``(None, prompts)`` with ``prompts`` itself: stage 0 has one
+      live replica or is a diffusion stage; ``prompts`` is already an engine request;
+      no prompt carries ``multi_modal_data``; or ``pool.select`` returned ``None``.
+
+    Every dict is checked (``from_vllm``) before ``pool.select`` is called, so a bad
+    prompt raises (naming e.g. ``$[1].multi_modal_uuids.image``) before a replica is
+    bound to the request.
+
+    >>> import numpy as np
+    >>> from omni_requests import MediaHasher
+    >>> pool = Stage0Pool(replicas=2, select=lambda request: 1)
+    >>> prompt = {"prompt": "<image>", "multi_modal_data": {"image": np.zeros((2, 2, 3), np.uint8)},
+    ...           "multi_modal_uuids": {"image": ["cat"]}}
+    >>> replica, scoped = scope_stage0(prompt, pool=pool, hasher=MediaHasher("m"), request_id="r1")
+    >>> replica, scoped["multi_modal_uuids"], prompt["multi_modal_uuids"]
+    (1, {'image': ['stage0:rep1:cat']}, {'image': ['cat']})
+    """
+    if not isinstance(pool, Stage0Pool):
+        raise PromptTypeError("pool", f"must be a Stage0Pool, got {type_name(pool)}")
+    if not isinstance(hasher, MediaHasher):
+        raise PromptTypeError("hasher", f"must be a MediaHasher, got {type_name(hasher)}")
+    passed = Stage0Result(None, prompts)
+    if pool.is_diffusion or len(pool.replicas) <= 1:
+        return passed
+    if _is_engine_request(prompts, pool.engine_request_types):
+        return passed
+    many = isinstance(prompts, list) and not _is_token_list(prompts)
+    items: list[object] = list(prompts) if many else [prompts]  # type: ignore[call-overload]
+    if not any(_carries_media(item) for item in items):
+        return passed
+
+    request = _Request(items, hasher, (lambda i: f"$[{i}]") if many else (lambda _: "$"))
+    replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: list(request.bases())))
+    if replica is None:
+        return passed
+    if isinstance(replica, bool) or not isinstance(replica, int) or replica not in pool.replicas:
+        raise InvalidPromptError(
+            "$.pool.select",
+            f"returned {replica!r} ({type_name(replica)}), which is not a live replica id; "
+            f"live replicas: {list(pool.replicas)}",
+        )
+    scope = Scope(0, replica, hasher)
+    scoped = [request.scoped(i, scope) for i in range(len(items))]
+    result: _T = scoped if many else scoped[0]  # type: ignore[assignment]
+    return Stage0Result(replica, result)

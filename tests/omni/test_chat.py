@@ -1,0 +1,328 @@
+"""The chat path: messages with image, video and audio parts become records scoped like any prompt."""
+
+from __future__ import annotations
+
+import copy
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from omni_requests import InvalidPromptError, MediaHasher, PromptTypeError, TextPrompt
+from omni_requests_omni import (
+    DefaultLoader,
+    MediaLoadError,
+    RemoteMediaError,
+    RoundRobin,
+    Stage0Pool,
+    chat_to_prompt,
+    decode_wav,
+    scope_stage0,
+)
+from omni_requests_vllm import to_vllm
+
+from ._helpers import (
+    ProcessorCaches,
+    b64,
+    data_url,
+    deep_equal,
+    image_array,
+    npy_bytes,
+    png_bytes,
+    tone,
+    uuids_of,
+    video_array,
+    wav_bytes,
+)
+
+HASHER = MediaHasher("/models/tiny-omni")
+
+
+def _user(*parts: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": list(parts)}]
+
+
+def _audio_part(seed: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "input_audio",
+        "input_audio": {"data": b64(wav_bytes(tone(seed))), "format": "wav"},
+        **extra,
+    }
+
+
+@pytest.fixture
+def media_dir(tmp_path: Path) -> Path:
+    (tmp_path / "cat.png").write_bytes(png_bytes(1))
+    (tmp_path / "clip.npy").write_bytes(npy_bytes(video_array(2)))
+    (tmp_path / "hello.wav").write_bytes(wav_bytes(tone(3)))
+    return tmp_path
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+def test_data_urls_of_each_modality_load_into_items_in_order() -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        *_user(
+            {"type": "text", "text": "Compare"},
+            {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(1))}},
+            {"type": "video_url", "video_url": data_url("video/x-npy", npy_bytes(video_array(2)))},
+            _audio_part(3),
+            {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(4))}},
+        ),
+    ]
+    prompt = chat_to_prompt(messages)
+    assert prompt.prompt == (
+        "<|system|>\nBe brief.\n<|user|>\nCompare\n<image>\n<video>\n<audio>\n<image>\n<|assistant|>\n"
+    )
+    images = prompt.multi_modal_data["image"]
+    assert [np.asarray(image).tolist() for image in images] == [
+        image_array(1).tolist(),
+        image_array(4).tolist(),
+    ]
+    assert all(isinstance(image, Image.Image) and image.mode == "RGB" for image in images)
+    (video,) = prompt.multi_modal_data["video"]
+    assert deep_equal(np.asarray(video), video_array(2))
+    ((samples, rate),) = prompt.multi_modal_data["audio"]
+    assert rate == 16000.0 and samples.dtype == np.float32
+    np.testing.assert_array_equal(samples, tone(3).astype(np.float32) / 32768)
+    assert prompt.multi_modal_uuids == {}
+
+
+def test_local_files_load_under_the_allowed_folder_only(media_dir: Path, tmp_path_factory: Any) -> None:
+    loader = DefaultLoader(allowed_local_media_path=media_dir)
+    prompt = chat_to_prompt(
+        _user(
+            {"type": "image_url", "image_url": {"url": (media_dir / "cat.png").as_uri()}},
+            {"type": "video_url", "video_url": {"url": (media_dir / "clip.npy").as_uri()}},
+            {"type": "audio_url", "audio_url": {"url": (media_dir / "hello.wav").as_uri()}},
+        ),
+        loader=loader,
+    )
+    assert np.asarray(prompt.multi_modal_data["image"][0]).tolist() == image_array(1).tolist()
+    assert deep_equal(np.asarray(prompt.multi_modal_data["video"][0]), video_array(2))
+    assert len(prompt.multi_modal_data["audio"][0][0]) == 400
+    outside = tmp_path_factory.mktemp("elsewhere") / "x.png"
+    outside.write_bytes(png_bytes(1))
+    part = {"type": "image_url", "image_url": {"url": outside.as_uri()}}
+    with pytest.raises(
+        MediaLoadError, match=r"^\$\[0\]\.content\[0\]\.image_url: .*not under allowed_local_media_path"
+    ):
+        chat_to_prompt(_user(part), loader=loader)
+    sneaky = {
+        "type": "image_url",
+        "image_url": {"url": (media_dir / ".." / outside.parent.name / "x.png").as_uri()},
+    }
+    with pytest.raises(MediaLoadError, match="not under allowed_local_media_path"):
+        chat_to_prompt(_user(sneaky), loader=loader)
+    with pytest.raises(MediaLoadError, match="cannot load local files without allowed_local_media_path"):
+        chat_to_prompt(_user({"type": "image_url", "image_url": {"url": (media_dir / "cat.png").as_uri()}}))
+
+
+@pytest.mark.parametrize("url", ["http://example.com/cat.png", "HTTPS://example.com/a.wav"])
+def test_remote_urls_are_out_of_scope_and_say_so(url: str) -> None:
+    with pytest.raises(
+        RemoteMediaError, match=r"^\$\[0\]\.content\[0\]\.image_url: remote URL .* out of scope"
+    ):
+        chat_to_prompt(_user({"type": "image_url", "image_url": {"url": url}}))
+
+
+def test_a_custom_loader_can_take_over_any_url() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def loader(modality: str, url: str) -> object:
+        seen.append((modality, url))
+        return image_array(9)
+
+    prompt = chat_to_prompt(
+        _user({"type": "image_url", "image_url": {"url": "https://cdn/cat.png"}}), loader=loader
+    )
+    assert seen == [("image", "https://cdn/cat.png")]
+    assert deep_equal(np.asarray(prompt.multi_modal_data["image"][0]), image_array(9))
+
+
+@pytest.mark.parametrize(
+    ("part", "error", "message"),
+    [
+        (
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}},
+            MediaLoadError,
+            r"image_url: invalid base64",
+        ),
+        (
+            {"type": "image_url", "image_url": {"url": "data:image/png,raw"}},
+            MediaLoadError,
+            r"only base64 data URLs",
+        ),
+        (
+            {"type": "image_url", "image_url": {"url": data_url("image/png", b"not a png")}},
+            MediaLoadError,
+            r"not an image",
+        ),
+        (
+            {"type": "image_url", "image_url": {"url": "/tmp/cat.png"}},
+            MediaLoadError,
+            r"unsupported media URL",
+        ),
+        (
+            {"type": "video_url", "video_url": {"url": data_url("video/mp4", b"....")}},
+            MediaLoadError,
+            r"cannot decode a video/mp4 video.*plug in a loader",
+        ),
+        (
+            {"type": "video_url", "video_url": {"url": data_url("video/x-npy", npy_bytes(image_array(1)))}},
+            MediaLoadError,
+            r"4 dimensions",
+        ),
+        (
+            {"type": "input_audio", "input_audio": {"data": b64(b"ID3...."), "format": "mp3"}},
+            MediaLoadError,
+            r"cannot decode audio/mp3 audio",
+        ),
+        (
+            {"type": "input_audio", "input_audio": {"data": b64(b"RIFF...."), "format": "wav"}},
+            MediaLoadError,
+            r"input_audio: not a PCM WAV",
+        ),
+        ({"type": "image_url"}, InvalidPromptError, r"image_url: gives no media and no uuid"),
+        ({"type": "image_url", "image_url": {"url": 3}}, PromptTypeError, r"image_url: must be a URL str"),
+        (
+            {"type": "image_url", "image_url": None, "uuid": ""},
+            InvalidPromptError,
+            r"\.uuid: must be a non-empty str",
+        ),
+        ({"type": "file", "file": {}}, InvalidPromptError, r"\.type: unsupported content part 'file'"),
+        ({"text": "no type", "image_url": "x"}, InvalidPromptError, r": a content part needs a 'type'"),
+        ({"type": "text", "text": 3}, PromptTypeError, r"\.text: must be a str, got int"),
+    ],
+)
+def test_bad_parts_raise_with_the_path_of_the_part(
+    part: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=r"^\$\[0\]\.content\[0\]" + ".*" + message):
+        chat_to_prompt(_user(part))
+
+
+def test_bad_messages_raise_with_their_path() -> None:
+    with pytest.raises(PromptTypeError, match=r"^\$: messages must be a list"):
+        chat_to_prompt({"role": "user"})  # type: ignore[arg-type]
+    with pytest.raises(InvalidPromptError, match=r"^\$\[1\]\.role: must be a non-empty str"):
+        chat_to_prompt([{"role": "user", "content": "a"}, {"content": "b"}])
+    with pytest.raises(
+        PromptTypeError, match=r"^\$\[0\]\.content: must be a str or a list of parts, got int"
+    ):
+        chat_to_prompt([{"role": "user", "content": 3}])
+
+
+def test_wav_decoding_handles_widths_and_channels() -> None:
+    stereo = np.array([[100, -100], [32000, 0], [-32768, 32767]])
+    samples, rate = decode_wav(wav_bytes(stereo.reshape(-1), 8000, channels=2))
+    assert rate == 8000.0
+    np.testing.assert_allclose(samples, stereo.mean(axis=1) / 32768, rtol=1e-6)
+    eight, _ = decode_wav(wav_bytes(np.array([0, 128, 255]), width=1))
+    np.testing.assert_allclose(eight, [-1.0, 0.0, 127 / 128])
+    wide, _ = decode_wav(wav_bytes(np.array([-(1 << 31), 1 << 30]), width=4))
+    np.testing.assert_allclose(wide, [-1.0, 0.5])
+    assert not samples.flags.writeable  # frozen where made, so the hasher may cache its key
+
+
+# -- uuids and scoping -------------------------------------------------------------------
+
+
+def test_part_uuids_become_multi_modal_uuids_and_a_uuid_alone_is_a_cached_item() -> None:
+    prompt = chat_to_prompt(
+        _user(
+            {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(1))}, "uuid": "cat"},
+            {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(2))}},
+            {"type": "image_url", "uuid": "seen-before"},
+            _audio_part(3, uuid="clip-3"),
+        )
+    )
+    assert prompt.multi_modal_uuids == {"image": ["cat", None, "seen-before"], "audio": ["clip-3"]}
+    assert prompt.multi_modal_data["image"][2] is None
+    _, scoped = scope_stage0(prompt, pool=Stage0Pool(replicas=2, select=lambda _: 1), hasher=HASHER)
+    image_key = HASHER.key("image", prompt.multi_modal_data["image"][1])
+    assert uuids_of(scoped) == {
+        "image": ["stage0:rep1:cat", f"stage0:rep1:{image_key}", "stage0:rep1:seen-before"],
+        "audio": ["stage0:rep1:clip-3"],
+    }
+
+
+def test_chat_media_is_keyed_exactly_like_the_same_media_in_a_plain_prompt() -> None:
+    chat = chat_to_prompt(_user(_audio_part(5), {"type": "text", "text": "transcribe"}))
+    samples, rate = decode_wav(wav_bytes(tone(5)))
+    plain = {"prompt": "<audio> transcribe", "multi_modal_data": {"audio": (samples.copy(), rate)}}
+    pool = Stage0Pool(replicas=2, select=lambda _: 0)
+    _, chat_out = scope_stage0(chat, pool=pool, hasher=HASHER)
+    _, plain_out = scope_stage0(plain, pool=pool, hasher=HASHER)
+    assert (
+        uuids_of(chat_out)
+        == uuids_of(plain_out)
+        == {"audio": ["stage0:rep0:" + HASHER.key("audio", (samples, rate))]}
+    )
+
+
+def test_a_repeated_audio_sent_through_chat_over_two_replicas_never_hits_another_replicas_cache() -> None:
+    messages = _user(_audio_part(7), {"type": "text", "text": "what is said?"})
+    pristine = copy.deepcopy(messages)
+    pool = Stage0Pool(replicas=2, select=RoundRobin())
+    scoped_caches, unscoped_caches = ProcessorCaches(), ProcessorCaches()
+    replicas = []
+    for _ in range(4):
+        prompt = chat_to_prompt(messages)
+        replica, scoped = scope_stage0(prompt, pool=pool, hasher=HASHER)
+        assert replica is not None
+        replicas.append(replica)
+        sent = to_vllm(scoped)
+        (key,) = sent["multi_modal_uuids"]["audio"]
+        assert key.startswith(f"stage0:rep{replica}:")
+        got = scoped_caches.send(replica, key, sent["multi_modal_data"]["audio"][0])
+        assert got is not None and deep_equal(got[0], prompt.multi_modal_data["audio"][0][0])
+        # What the chat path did before: media rendered before routing, keys left unscoped.
+        unscoped_caches.send(replica, HASHER.key("audio", prompt.multi_modal_data["audio"][0]), object())
+    assert replicas == [0, 1, 0, 1]
+    assert scoped_caches.misses == []
+    assert len(scoped_caches.sender) == 2  # one entry per replica, each a hit on its second use
+    assert [replica for replica, _ in unscoped_caches.misses] == [1, 1]  # the bug: rep1 never gets it
+    assert messages == pristine
+
+
+def test_other_fields_go_to_the_record_and_templates_are_pluggable() -> None:
+    prompt = chat_to_prompt(
+        [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "video_url",
+                        "video_url": {"url": data_url("video/x-npy", npy_bytes(video_array(1)))},
+                    }
+                ],
+            },
+            {"role": "assistant", "content": None},
+        ],
+        template=lambda turns: " | ".join(f"{t['role']}={t['content']}" for t in turns),
+        placeholders={"video": "<|video_pad|>"},
+        mm_processor_kwargs={"fps": 1},
+        cache_salt="tenant-a",
+    )
+    assert isinstance(prompt, TextPrompt)
+    assert prompt.prompt == "user=<|video_pad|> | assistant="
+    assert prompt.mm_processor_kwargs == {"fps": 1} and prompt.cache_salt == "tenant-a"
+
+
+def test_transparent_images_are_composited_over_white_like_vllm() -> None:
+    rgba = np.zeros((2, 2, 4), np.uint8)
+    rgba[0, 0] = (10, 20, 30, 255)  # opaque; the rest fully transparent black
+    buffer = io.BytesIO()
+    Image.fromarray(rgba, "RGBA").save(buffer, format="PNG")
+    prompt = chat_to_prompt(
+        _user({"type": "image_url", "image_url": data_url("image/png", buffer.getvalue())})
+    )
+    pixels = np.asarray(prompt.multi_modal_data["image"][0])
+    assert pixels.shape == (2, 2, 3)
+    assert pixels[0, 0].tolist() == [10, 20, 30] and pixels[1, 1].tolist() == [255, 255, 255]

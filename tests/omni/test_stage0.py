@@ -1,0 +1,456 @@
+"""scope_stage0: the engine's stage-0 scenarios, its pass-through cases, and the caller untouched.
+
+The scenarios follow vllm-omni's own tests of its stage-0 scoping
+(tests/engine/test_async_omni_engine_input.py): two requests with the same image over a
+local pool of two, a distributed pool with a preselected replica, a distributed pool
+with no serviceable replica, and a failed preprocessing step.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import uuid
+from typing import Any, ClassVar
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from PIL import Image
+
+from omni_requests import (
+    EncoderDecoderPrompt,
+    InvalidPromptError,
+    MediaHasher,
+    PromptTypeError,
+    TextPrompt,
+    TokensPrompt,
+    scope_to_replica,
+)
+from omni_requests_omni import CacheAffinity, RoundRobin, RouteRequest, Stage0Pool, scope_stage0
+from omni_requests_vllm import from_vllm, to_vllm
+
+from ._helpers import containers, deep_equal, image_array, uuids_of, video_array
+
+MODEL = "/models/tiny-omni"
+HASHER = MediaHasher(MODEL)
+PREFIX = re.compile(r"^stage0:rep(\d+):")
+
+
+def _pool(replicas: Any = 2, select: Any = None, **kwargs: Any) -> Stage0Pool:
+    return Stage0Pool(replicas=replicas, select=select or RoundRobin(), **kwargs)
+
+
+class Recorder:
+    """A selection callable that records what it was asked and answers from a script."""
+
+    def __init__(self, *answers: int | None) -> None:
+        self.answers = list(answers)
+        self.seen: list[RouteRequest] = []
+
+    def __call__(self, request: RouteRequest) -> int | None:
+        self.seen.append(request)
+        return self.answers.pop(0)
+
+
+def _image_prompt(seed: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"prompt": "<image> describe", "multi_modal_data": {"image": image_array(seed)}, **extra}
+
+
+# -- the engine's scenarios ------------------------------------------------------------------
+
+
+def test_two_requests_with_the_same_image_over_a_local_pool_of_two() -> None:
+    pool = _pool(2, RoundRobin())
+    seen = []
+    for request_id in ("req-1", "req-2"):
+        replica, prompt = scope_stage0(_image_prompt(), pool=pool, hasher=HASHER, request_id=request_id)
+        seen.append((replica, prompt["multi_modal_uuids"]["image"][0]))
+    (r0, k0), (r1, k1) = seen
+    assert (r0, r1) == (0, 1)
+    assert k0.startswith("stage0:rep0:") and k1.startswith("stage0:rep1:")
+    assert (
+        k0.removeprefix("stage0:rep0:")
+        == k1.removeprefix("stage0:rep1:")
+        == HASHER.key("image", image_array(1))
+    )
+
+
+def test_a_distributed_pool_scopes_to_the_replica_it_preselected() -> None:
+    bindings: dict[str, int] = {}
+
+    def preselect(request: RouteRequest) -> int:  # binds the request, as a distributed pool does
+        bindings[request.request_id or ""] = replica = len(bindings) % 2
+        return replica
+
+    pool = _pool([0, 1], preselect)
+    keys = [
+        scope_stage0(_image_prompt(), pool=pool, hasher=HASHER, request_id=r)[1]["multi_modal_uuids"][
+            "image"
+        ][0]
+        for r in ("req-1", "req-2")
+    ]
+    assert bindings == {"req-1": 0, "req-2": 1}
+    assert keys[0].startswith("stage0:rep0:") and keys[1].startswith("stage0:rep1:")
+
+
+def test_no_serviceable_replica_yet_passes_the_prompt_through_unscoped() -> None:
+    prompt = _image_prompt()
+    select = Recorder(None)
+    replica, out = scope_stage0(prompt, pool=_pool(2, select), hasher=HASHER, request_id="req-none")
+    assert replica is None
+    assert out is prompt
+    assert "multi_modal_uuids" not in out
+    assert [r.request_id for r in select.seen] == ["req-none"]
+
+
+def test_a_bad_prompt_raises_before_a_replica_is_bound() -> None:
+    select = Recorder(0)
+    bad = _image_prompt(multi_modal_uuids={"image": ["a", "b"]})
+    with pytest.raises(InvalidPromptError, match=r"^\$\[1\]\.multi_modal_uuids\.image: .*got 2 vs 1"):
+        scope_stage0([_image_prompt(), bad], pool=_pool(2, select), hasher=HASHER)
+    assert select.seen == []  # nothing to release: preprocessing never started
+
+
+# -- pass-through cases (design.md §2) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pool", "case"),
+    [
+        (Stage0Pool(replicas=1, select=lambda _: 0), "one replica"),
+        (Stage0Pool(replicas=[3], select=lambda _: 3), "one live replica"),
+        (Stage0Pool(replicas=4, select=lambda _: 0, is_diffusion=True), "diffusion stage 0"),
+    ],
+)
+def test_pools_without_a_sender_receiver_split_pass_through(pool: Stage0Pool, case: str) -> None:
+    prompt = _image_prompt()
+    replica, out = scope_stage0(prompt, pool=pool, hasher=HASHER)
+    assert (replica, out) == (None, prompt), case
+    assert out is prompt
+
+
+def test_a_diffusion_prompt_of_any_shape_passes_through_unchecked() -> None:
+    custom = {"prompt_ids": [1, 2], "extra_args": {"steps": 4}, "multi_modal_data": {"img2img": object()}}
+    pool = Stage0Pool(replicas=2, select=lambda _: 0, is_diffusion=True)
+    assert scope_stage0(custom, pool=pool, hasher=HASHER).prompts is custom
+
+
+@pytest.mark.parametrize(
+    "prompts",
+    [
+        {"prompt": "no media"},
+        {"prompt": "empty", "multi_modal_data": {}},
+        "just text",
+        [1, 2, 3],
+        [{"prompt": "a"}, "b", [4, 5]],
+        TextPrompt(prompt="record"),
+        [],
+    ],
+    ids=["dict", "empty-media", "str", "token-ids", "list", "record", "empty-list"],
+)
+def test_prompts_without_media_pass_through_and_select_is_not_asked(prompts: Any) -> None:
+    select = Recorder()
+    replica, out = scope_stage0(prompts, pool=_pool(2, select), hasher=HASHER)
+    assert replica is None and out is prompts
+    assert select.seen == []
+
+
+class EngineRequest:
+    """Stands for a request the engine built already (its own type)."""
+
+    multi_modal_data: ClassVar[dict[str, str]] = {"image": "not a prompt"}
+
+
+def test_an_engine_request_passes_through() -> None:
+    request = EngineRequest()
+    select = Recorder()
+    pool = _pool(2, select, engine_request_types=EngineRequest)
+    assert scope_stage0(request, pool=pool, hasher=HASHER) == (None, request)
+    assert select.seen == []
+
+
+@pytest.mark.vllm
+def test_a_vllm_engine_core_request_passes_through_without_configuration() -> None:
+    engine = pytest.importorskip("vllm.v1.engine")
+    params = pytest.importorskip("vllm.sampling_params")
+    request = engine.EngineCoreRequest(
+        request_id="req-1",
+        prompt_token_ids=[1, 1, 1],
+        mm_features=None,
+        sampling_params=params.SamplingParams(max_tokens=8),
+        pooling_params=None,
+        arrival_time=0.0,
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+    )
+    select = Recorder()
+    assert scope_stage0(request, pool=_pool(2, select), hasher=HASHER).prompts is request
+    assert select.seen == []
+
+
+# -- one request, one replica --------------------------------------------------------------
+
+
+def test_all_prompts_of_a_request_go_to_one_replica_and_select_is_asked_once() -> None:
+    select = Recorder(1)
+    prompts = [
+        _image_prompt(1),
+        {
+            "prompt": "<video>",
+            "multi_modal_data": {"video": video_array(2)},
+            "multi_modal_uuids": {"video": "clip"},
+        },
+        {"prompt": "no media here"},
+        "plain text",
+        [7, 8, 9],
+        TextPrompt(prompt="<image>", multi_modal_data={"image": image_array(3)}),
+    ]
+    replica, out = scope_stage0(prompts, pool=_pool(3, select), hasher=HASHER, request_id="req-9")
+    assert replica == 1 and len(select.seen) == 1
+    assert isinstance(out, list) and out is not prompts and len(out) == len(prompts)
+    prefixes = {PREFIX.match(k).group(1) for p in out if not isinstance(p, (str, list)) for k in _all_keys(p)}
+    assert prefixes == {"1"}
+    assert out[1]["multi_modal_uuids"] == {"video": ["stage0:rep1:clip"]}
+    assert out[2] == {"prompt": "no media here"} and out[2] is not prompts[2]
+    assert out[3] == "plain text"
+    assert out[4] == [7, 8, 9] and out[4] is not prompts[4]
+    assert isinstance(out[5], TextPrompt) and out[5].scope is not None and out[5].scope.replica_id == 1
+    assert select.seen[0].media_keys == (
+        HASHER.key("image", image_array(1)),
+        "clip",
+        HASHER.key("image", image_array(3)),
+    )
+
+
+def _all_keys(prompt: Any) -> list[str]:
+    return [k for row in uuids_of(prompt).values() for k in row if k is not None]
+
+
+def test_records_come_back_as_records_of_the_same_kind() -> None:
+    record = TokensPrompt(prompt_token_ids=[1, 2], multi_modal_data={"video": video_array(4)})
+    replica, out = scope_stage0(record, pool=_pool(2, lambda _: 1), hasher=HASHER)
+    assert replica == 1
+    assert type(out) is TokensPrompt and out == attrs.evolve(record, scope=out.scope)
+    assert out == scope_to_replica(record, 1, hasher=HASHER)
+
+
+def test_encoder_decoder_prompts_are_scoped_in_both_parts() -> None:
+    as_dict = {
+        "encoder_prompt": {
+            "prompt": "<audio>",
+            "multi_modal_data": {"audio": (np.ones(8, np.float32), 16000)},
+        },
+        "decoder_prompt": {"prompt": "transcript:"},
+    }
+    _, out = scope_stage0(as_dict, pool=_pool(2, lambda _: 1), hasher=HASHER)
+    key = out["encoder_prompt"]["multi_modal_uuids"]["audio"][0]
+    assert key == "stage0:rep1:" + HASHER.key("audio", (np.ones(8, np.float32), 16000))
+    assert "multi_modal_uuids" not in out["decoder_prompt"]
+    record = from_vllm(as_dict)
+    assert isinstance(record, EncoderDecoderPrompt)
+    _, scoped = scope_stage0(record, pool=_pool(2, lambda _: 1), hasher=HASHER)
+    assert deep_equal(to_vllm(scoped), out)
+
+
+# -- keys: user UUIDs, cached-only items, retries, templates ----------------------------------
+
+
+def test_user_uuids_cached_only_items_and_uuid_only_modalities_are_all_scoped() -> None:
+    prompt = {
+        "prompt": "<image><image><video>",
+        "multi_modal_data": {"image": [image_array(1), None]},
+        "multi_modal_uuids": {"image": [None, "cached-cat"], "video": ["cached-clip"]},
+    }
+    _, out = scope_stage0(prompt, pool=_pool(2, lambda _: 0), hasher=HASHER)
+    assert out["multi_modal_uuids"] == {
+        "image": ["stage0:rep0:" + HASHER.key("image", image_array(1)), "stage0:rep0:cached-cat"],
+        "video": ["stage0:rep0:cached-clip"],
+    }
+
+
+def test_a_retry_on_another_replica_gets_the_key_a_first_time_request_gets_there() -> None:
+    prompt = _image_prompt()
+    _, first = scope_stage0(prompt, pool=_pool(2, lambda _: 0), hasher=HASHER)
+    _, retry = scope_stage0(prompt, pool=_pool(2, lambda _: 1), hasher=HASHER)
+    _, fresh = scope_stage0(_image_prompt(), pool=_pool(2, lambda _: 1), hasher=HASHER)
+    assert retry["multi_modal_uuids"] == fresh["multi_modal_uuids"]
+    assert retry["multi_modal_uuids"]["image"][0] == "stage0:rep1:" + HASHER.key("image", image_array(1))
+    assert first["multi_modal_uuids"]["image"][0].startswith("stage0:rep0:")
+    # Handing back the engine's own copy is refused, not double-prefixed.
+    with pytest.raises(InvalidPromptError, match=r"already scoped to a replica"):
+        scope_stage0(first, pool=_pool(2, lambda _: 1), hasher=HASHER)
+
+
+def test_a_used_template_and_three_copies_with_new_videos_give_four_distinct_keys() -> None:
+    """design.md §2: the old engine wrote scoped keys back into the template."""
+    template = {"prompt": "<video> what happens?", "multi_modal_data": {"video": video_array(0)}}
+    pool = _pool(2, RoundRobin())
+    _, used = scope_stage0(template, pool=pool, hasher=HASHER)
+    keys = [used["multi_modal_uuids"]["video"][0]]
+    for seed in (1, 2, 3):
+        copy_ = dict(template)  # a shallow copy, as callers make
+        copy_["multi_modal_data"] = {"video": video_array(seed)}
+        _, out = scope_stage0(copy_, pool=pool, hasher=HASHER)
+        keys.append(out["multi_modal_uuids"]["video"][0])
+    assert len(set(keys)) == 4
+    assert all(key.count("stage0:") == 1 for key in keys)
+    bases = [PREFIX.sub("", key) for key in keys]
+    assert bases == [HASHER.key("video", video_array(seed)) for seed in range(4)]
+    assert "multi_modal_uuids" not in template
+
+
+# -- the caller's objects -------------------------------------------------------------------
+
+
+def test_the_callers_prompts_are_untouched_and_share_nothing_mutable_with_the_result() -> None:
+    prompts = [
+        _image_prompt(1, multi_modal_uuids={"image": ["cat"]}, mm_processor_kwargs={"size": {"h": 4}}),
+        {
+            "prompt": "<video>",
+            "multi_modal_data": {"video": [video_array(2)]},
+            "additional_information": {"a": [1]},
+        },
+        [1, 2, 3],
+    ]
+    before = copy.deepcopy(prompts)
+    _, out = scope_stage0(prompts, pool=_pool(2, CacheAffinity()), hasher=HASHER)
+    assert deep_equal(prompts, before)
+    assert not set(containers(out)) & set(containers(prompts))
+    out[0]["multi_modal_uuids"]["image"].append("x")
+    out[1]["additional_information"]["a"].append(2)
+    assert deep_equal(prompts, before)
+
+
+def test_media_arrays_are_shared_read_only_never_copied() -> None:
+    image = image_array(5)
+    _, out = scope_stage0(
+        {"prompt": "<image>", "multi_modal_data": {"image": image}}, pool=_pool(), hasher=HASHER
+    )
+    sent = out["multi_modal_data"]["image"][0]
+    assert np.shares_memory(sent, image) and not sent.flags.writeable
+    assert image.flags.writeable  # the caller's own array keeps its flag
+
+
+# -- contract errors -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", [2, -1, True, "0", 1.0])
+def test_select_must_return_a_live_replica_id(answer: Any) -> None:
+    with pytest.raises(InvalidPromptError, match=r"^\$\.pool\.select: returned .* not a live replica id"):
+        scope_stage0(_image_prompt(), pool=_pool([0, 1], lambda _: answer), hasher=HASHER)
+
+
+def test_unknown_prompt_objects_in_a_scoped_request_are_refused() -> None:
+    with pytest.raises(PromptTypeError, match=r"^\$\[1\]: must be a prompt dict.*got object"):
+        scope_stage0([_image_prompt(), object()], pool=_pool(), hasher=HASHER)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"replicas": [0, 0]}, r"\$\.replicas: replica ids must be distinct"),
+        ({"replicas": [0, -1]}, r"\$\.replicas\[1\]: must be >= 0"),
+        ({"replicas": "2"}, r"\$\.replicas: must be a replica count"),
+        ({"replicas": 2, "select": 3}, r"\$\.select: must be callable"),
+        ({"replicas": 2, "engine_request_types": [1]}, r"\$\.engine_request_types\[0\]: must be a type"),
+    ],
+)
+def test_pool_facts_are_checked(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises((InvalidPromptError, PromptTypeError), match=message):
+        Stage0Pool(**{"select": RoundRobin(), **kwargs})
+
+
+def test_the_hasher_and_pool_arguments_are_checked() -> None:
+    with pytest.raises(PromptTypeError, match="hasher: must be a MediaHasher"):
+        scope_stage0(_image_prompt(), pool=_pool(), hasher="model")  # type: ignore[arg-type]
+    with pytest.raises(PromptTypeError, match="pool: must be a Stage0Pool"):
+        scope_stage0(_image_prompt(), pool=object(), hasher=HASHER)  # type: ignore[arg-type]
+
+
+# -- properties ------------------------------------------------------------------------------
+
+_items = st.one_of(
+    st.integers(0, 50).map(image_array),
+    st.integers(0, 50).map(lambda seed: video_array(seed, frames=2, side=4)),
+)
+_uuid = st.one_of(st.none(), st.text("abc-xyz0123", min_size=1, max_size=6))
+
+
+@st.composite
+def _media_prompts(draw: st.DrawFn) -> dict[str, Any]:
+    images = draw(st.lists(st.integers(0, 50).map(image_array), min_size=0, max_size=3))
+    videos = draw(st.lists(st.integers(0, 50).map(lambda s: video_array(s, frames=2, side=4)), max_size=2))
+    prompt: dict[str, Any] = {"prompt": "p", "multi_modal_data": {}}
+    uuids: dict[str, list[str | None]] = {}
+    for modality, items in (("image", images), ("video", videos)):
+        if items:
+            prompt["multi_modal_data"][modality] = items
+            uuids[modality] = [draw(_uuid) for _ in items]
+    if draw(st.booleans()) and uuids:
+        prompt["multi_modal_uuids"] = uuids
+    return prompt
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_media_prompts(), min_size=1, max_size=3), st.integers(2, 5), st.data())
+def test_dict_results_equal_the_core_scoping_of_the_same_records(
+    prompts: list[dict[str, Any]], replicas: int, data: st.DataObject
+) -> None:
+    chosen = data.draw(st.integers(0, replicas - 1))
+    before = copy.deepcopy(prompts)
+    replica, out = scope_stage0(prompts, pool=_pool(replicas, lambda _: chosen), hasher=HASHER)
+    assert deep_equal(prompts, before)
+    if not any(p["multi_modal_data"] for p in prompts):
+        assert replica is None and out is prompts
+        return
+    assert replica == chosen
+    for given_prompt, scoped in zip(prompts, out, strict=True):
+        expected = to_vllm(scope_to_replica(from_vllm(given_prompt), chosen, hasher=HASHER))
+        assert deep_equal(scoped, expected)
+        for key in _all_keys(scoped):
+            assert key.count("stage0:") == 1 and key.startswith(f"stage0:rep{chosen}:")
+
+
+# -- the core's property checks, pointed at scope_stage0 -------------------------------------
+
+
+def _through_scope_stage0(prompt: Any, replica: int) -> Any:
+    return scope_stage0(prompt, pool=_pool(4, lambda _: replica), hasher=HASHER, request_id="req")
+
+
+@pytest.mark.parametrize("shape", ["records", "dicts"])
+def test_scope_stage0_passes_the_cores_scoping_properties(shape: str) -> None:
+    testing = pytest.importorskip("omni_requests.testing")
+    testing.check_scoping(
+        _through_scope_stage0,
+        to_dict=to_vllm if shape == "dicts" else None,
+        replicas=4,
+        settings=settings(max_examples=25),
+    )
+
+
+def test_items_are_counted_the_way_vllm_counts_them_not_one_per_list_element() -> None:
+    """A video given as its frames is one item (one key); an image batch array is N items."""
+    frames = [image_array(1), image_array(2), image_array(3)]
+    batch = np.stack([image_array(4), image_array(5)])
+    prompt = {"prompt": "<video><image><image>", "multi_modal_data": {"video": frames, "image": batch}}
+    _, out = scope_stage0(prompt, pool=_pool(2, lambda _: 0), hasher=HASHER)
+    assert len(out["multi_modal_uuids"]["video"]) == 1
+    assert out["multi_modal_uuids"]["image"] == [
+        "stage0:rep0:" + HASHER.key("image", image_array(4)),
+        "stage0:rep0:" + HASHER.key("image", image_array(5)),
+    ]
+
+
+def test_images_differing_only_in_exif_image_id_are_different_records_with_different_keys() -> None:
+    """vLLM keys an image with an EXIF ImageID by that UUID; record equality must follow."""
+    plain, tagged = Image.new("RGB", (1, 1)), Image.new("RGB", (1, 1))
+    tagged.getexif()[0x800D] = uuid.UUID(int=0)
+    a = TextPrompt(prompt="<image>", multi_modal_data={"image": plain})
+    b = TextPrompt(prompt="<image>", multi_modal_data={"image": tagged})
+    assert HASHER.key("image", plain) != HASHER.key("image", tagged)
+    assert a != b
