@@ -31,7 +31,7 @@ test: $(VENV)/.full
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
-	$(BIN)/python -m pytest
+	OMNI_REQUESTS_REQUIRE_VLLM=1 $(BIN)/python -m pytest
 
 # The core suite alone: no vLLM needed, a few seconds.
 test-core: $(VENV)/.core
