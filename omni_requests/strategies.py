@@ -340,15 +340,22 @@ def arrays(
     """
     where = "arrays()"
     chosen = _numpy_dtypes(where, dtypes)
+    _check_bool(where, "non_contiguous", non_contiguous)
+    shapes = _shapes(where, min_dims, max_dims, min_side, max_side)
+    return _arrays(st.sampled_from(chosen), shapes, non_contiguous)
+
+
+def _shapes(
+    where: str, min_dims: int, max_dims: int, min_side: int, max_side: int
+) -> st.SearchStrategy[tuple[int, ...]]:
+    """Array shapes, after checking the bounds the caller gave."""
     _check_int(where, "min_dims", min_dims, minimum=0, maximum=32)
     _check_int(where, "max_dims", max_dims, minimum=0, maximum=32)
     _check_range(where, "min_dims", min_dims, "max_dims", max_dims)
     _check_int(where, "min_side", min_side, minimum=0)
     _check_int(where, "max_side", max_side, minimum=0)
     _check_range(where, "min_side", min_side, "max_side", max_side)
-    _check_bool(where, "non_contiguous", non_contiguous)
-    shapes = hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
-    return _arrays(st.sampled_from(chosen), shapes, non_contiguous)
+    return hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
 
 
 @st.composite
@@ -401,14 +408,8 @@ def tensors(
     import torch
 
     names = _check_tensor_dtypes(where, dtypes)
-    _check_int(where, "min_dims", min_dims, minimum=0, maximum=32)
-    _check_int(where, "max_dims", max_dims, minimum=0, maximum=32)
-    _check_range(where, "min_dims", min_dims, "max_dims", max_dims)
-    _check_int(where, "min_side", min_side, minimum=0)
-    _check_int(where, "max_side", max_side, minimum=0)
-    _check_range(where, "min_side", min_side, "max_side", max_side)
     _check_bool(where, "non_contiguous", non_contiguous)
-    shapes = hnp.array_shapes(min_dims=min_dims, max_dims=max_dims, min_side=min_side, max_side=max_side)
+    shapes = _shapes(where, min_dims, max_dims, min_side, max_side)
     return _tensors(torch, st.sampled_from(names), shapes, non_contiguous)
 
 
