@@ -1,0 +1,105 @@
+"""Per-request overhead: scope_to_replica + to_vllm vs a shallow dict copy that rewrites UUIDs.
+
+The baseline is vllm-omni's upstream fix, on a dict: copy the prompt and write the
+scoped UUIDs into the copy (``{**prompt, "multi_modal_uuids": {...}}``). Ours builds
+the scoped record and the engine's dict from it, fresh lists and dicts included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from omni_requests import KeyPolicy, MediaHasher, TextPrompt, scope_to_replica
+from omni_requests_vllm import to_vllm
+
+from ._harness import Row, compare
+
+PROMPT = "<image><image><image> What changed between these three pictures?"
+
+
+def _frozen_image(seed: int) -> np.ndarray:
+    image = np.random.default_rng(seed).integers(0, 256, (224, 224, 3), dtype=np.uint8)
+    image.flags.writeable = False
+    return image
+
+
+def _dict_baseline(prompt: dict[str, Any]) -> Callable[[], object]:
+    replica = iter(range(1 << 62))
+
+    def scope() -> object:
+        prefix = f"stage0:rep{next(replica) % 2}:"
+        return {
+            **prompt,
+            "multi_modal_uuids": {
+                m: [prefix + u for u in us] for m, us in prompt["multi_modal_uuids"].items()
+            },
+        }
+
+    return scope
+
+
+def _ours(record: TextPrompt, hasher: MediaHasher, policy: KeyPolicy | None = None) -> Callable[[], object]:
+    replica = iter(range(1 << 62))
+
+    def scope() -> object:
+        return to_vllm(scope_to_replica(record, next(replica) % 2, hasher=hasher, policy=policy))
+
+    return scope
+
+
+def run(quick: bool) -> list[Row]:
+    hasher = MediaHasher("/models/bench-model")
+    images = [_frozen_image(seed) for seed in range(3)]
+    uuids = ["photo-2024-01", "photo-2024-02", "photo-2024-03"]
+    as_dict = {"prompt": PROMPT, "multi_modal_data": {"image": images}, "multi_modal_uuids": {"image": uuids}}
+    with_uuids = TextPrompt(
+        prompt=PROMPT, multi_modal_data={"image": images}, multi_modal_uuids={"image": uuids}
+    )
+    by_content = TextPrompt(prompt=PROMPT, multi_modal_data={"image": images})
+    candidates = {
+        "dict": _dict_baseline(as_dict),
+        "user uuids": _ours(with_uuids, hasher),
+        "content keys": _ours(by_content, hasher),
+        "user uuids, namespaces + tenant": _ours(
+            with_uuids, hasher, KeyPolicy(namespaces=True, tenant="acme")
+        ),
+        "user uuids, content binding": _ours(
+            with_uuids, hasher, KeyPolicy(namespaces=True, bind_content=True)
+        ),
+    }
+    t = compare(candidates, repeat=5 if quick else 21, number=2000 if quick else 10000, warmup=1)
+    base = t["dict"]
+    rows = [
+        Row(
+            "overhead",
+            "dict copy with rewritten UUIDs (the baseline)",
+            base.best * 1e6,
+            "us per request",
+            note=f"median {base.median * 1e6:.2f} us",
+        ),
+    ]
+    for name, target in (
+        ("user uuids", 3.0),
+        ("content keys", None),
+        ("user uuids, namespaces + tenant", None),
+        ("user uuids, content binding", None),
+    ):
+        ours = t[name]
+        ratio = ours.best / base.best
+        rows.append(
+            Row(
+                "overhead",
+                f"scope_to_replica + to_vllm, 3 images, {name}",
+                ours.best * 1e6,
+                "us per request",
+                baseline=f"dict {base.best * 1e6:.2f} us",
+                note=f"median {ours.median * 1e6:.2f} us, {ours.median / base.median:.2f}x",
+                ratio=ratio,
+                target="" if target is None else f"time <= {target:.0f}x",
+                met=None if target is None else ratio <= target,
+            )
+        )
+    return rows
