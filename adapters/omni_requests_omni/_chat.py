@@ -114,7 +114,8 @@ def chat_to_prompt(
     ...     {"type": "text", "text": "transcribe"}]}])
     >>> p.prompt
     '<|user|>\\n<audio>\\ntranscribe\\n<|assistant|>\\n'
-    >>> p.multi_modal_uuids["audio"][0], p.multi_modal_data["audio"][0][1]
+    >>> (uuid,), ((samples, rate),) = p.multi_modal_uuids["audio"], p.multi_modal_data["audio"]
+    >>> uuid, rate
     ('clip-7', 16000.0)
     """
     load = loader if loader is not None else DefaultLoader()

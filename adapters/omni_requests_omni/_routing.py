@@ -68,7 +68,8 @@ class RoundRobin:
     ``next`` on an ``itertools.count`` is atomic under the GIL.
 
     >>> policy = RoundRobin()
-    >>> [policy(RouteRequest(None, [0, 1, 2])) for _ in range(4)]
+    >>> picks = [policy(RouteRequest(None, [0, 1, 2])) for _ in range(4)]
+    >>> picks
     [0, 1, 2, 0]
     """
 
