@@ -15,6 +15,10 @@ import pytest
 
 HERE = Path(__file__).parent
 
+# A script run by hand (it needs atheris, which is not a test dependency); keep pytest's
+# --doctest-modules from importing it.
+collect_ignore = ["fuzz_atheris.py"]
+
 
 def long_runs(config: pytest.Config) -> bool:
     """True when the full-size runs were asked for."""
