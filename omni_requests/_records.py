@@ -630,7 +630,8 @@ def _restore_array(dtype: np.dtype[Any], shape: tuple[int, ...], data: bytes) ->
 
 
 def _pickle_arrays(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
+    # Object arrays (allowed in options, never in media) hold pointers, not bytes.
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
         return _ArrayPickle(value)
     if isinstance(value, list):
         return [_pickle_arrays(v) for v in value]

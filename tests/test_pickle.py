@@ -49,3 +49,9 @@ def test_pickle_holds_no_pyrsistent_objects() -> None:
 def test_encoder_decoder_round_trip() -> None:
     p = EncoderDecoderPrompt(encoder_prompt=TextPrompt(prompt="a"), decoder_prompt=TextPrompt(prompt="b"))
     assert pickle.loads(pickle.dumps(p)) == p
+
+
+def test_object_arrays_in_options_pickle_by_value() -> None:
+    p = TextPrompt(prompt="x", additional_information={"names": np.array(["a", None], dtype=object)})
+    q = pickle.loads(pickle.dumps(p))
+    assert list(q.additional_information["names"]) == ["a", None]  # type: ignore[index]
