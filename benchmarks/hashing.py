@@ -14,7 +14,7 @@ import numpy as np
 from blake3 import blake3
 
 from omni_requests import MediaHasher
-from omni_requests._hashing import _PARALLEL_BYTES, _THREADED
+from omni_requests._hashing import _PARALLEL_BYTES
 
 from ._harness import Row, Timing, compare, median_speedup, speedup
 
@@ -111,10 +111,7 @@ def run(quick: bool) -> list[Row]:
             "CPU cores this process may use",
             float(len(os.sched_getaffinity(0))),
             "",
-            note=(
-                f"ours hashes with all threads from {_PARALLEL_BYTES >> 20} MiB of payload"
-                + ("" if _THREADED else " on 4 cores or more: here, with 1 thread")
-            ),
+            note=f"ours hashes with all threads from {_PARALLEL_BYTES >> 20} MiB of payload",
         )
     )
     return rows
@@ -122,7 +119,7 @@ def run(quick: bool) -> list[Row]:
 
 def _rows(label: str, nbytes: int, t: dict[str, Timing], *, kind: str) -> list[Row]:
     ours, one, every = t["ours"], t["blake3 1 thread"], t["blake3 all threads"]
-    threaded = _THREADED and kind != "PIL" and nbytes >= _PARALLEL_BYTES  # as MediaHasher decides
+    threaded = kind != "PIL" and nbytes >= _PARALLEL_BYTES  # as MediaHasher decides
     same = every if threaded else one
     same_name = "blake3 all threads" if threaded else "blake3 1 thread"
     rows = [

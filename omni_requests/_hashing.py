@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import pickle
 import threading
 import uuid
@@ -41,13 +40,10 @@ _TAG_SEQUENCE: Final = b"\x01"
 _TAG_MAPPING: Final = b"\x02"
 _TAG_LEAF: Final = b"\x03"
 
-# Above this size blake3 hashes with every core, where there are at least _PARALLEL_CORES;
-# the digest is the same either way. On 2 cores, measured on a shared machine, threads
-# gained 0.86x to 1.23x (docs/benchmarks.md): the second core is rarely free.
+# Above this size blake3 hashes with every core; the digest is the same either way. On 2
+# idle cores that is 1.5x to 1.9x faster from 16 MB up; with the other core busy it is
+# 0.9x to 1.0x (docs/benchmarks.md), a smaller loss than the gain.
 _PARALLEL_BYTES: Final = 8 << 20
-_PARALLEL_CORES: Final = 4
-_CORES: Final = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-_THREADED: Final = _CORES >= _PARALLEL_CORES
 # Non-contiguous arrays are streamed in C order in blocks of about this size.
 _BLOCK_BYTES: Final = 16 << 20
 # EXIF tag 0x800D, "ImageID" (PIL.ExifTags.Base.ImageID): vLLM keys an image by this UUID when set.
@@ -500,7 +496,7 @@ class MediaHasher:
     def _new_hasher(self, nbytes: int) -> Any:
         if self.algorithm != "blake3":
             return hashlib.new(self.algorithm)
-        return blake3(max_threads=blake3.AUTO) if _THREADED and nbytes >= _PARALLEL_BYTES else blake3()
+        return blake3(max_threads=blake3.AUTO) if nbytes >= _PARALLEL_BYTES else blake3()
 
     def _digest(self, modality: str, item: object) -> str:
         if type(item) is np.ndarray and item.ndim and item.flags.c_contiguous:
