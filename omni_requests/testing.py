@@ -568,9 +568,12 @@ def _identity(item: _Item) -> str:
 
 
 def _equal_media_equal_keys(trace: _Trace, ctx: _Context) -> str | None:
-    seen: dict[tuple[int, tuple[str, ...]], tuple[_Observation, _Item, str]] = {}
+    # Equal both as given and as the model sees them: two images with one EXIF ImageID but
+    # other pixels are equal to vLLM's direct hasher, yet the parser drops the ID and the
+    # model sees the pixels, so a scoping function may (and ours does) key them apart.
+    seen: dict[tuple[int, tuple[str, ...], tuple[str, ...]], tuple[_Observation, _Item, str]] = {}
     for obs, item, key in _keyed(trace):
-        first = seen.setdefault((obs.result.replica, item.identity), (obs, item, key))
+        first = seen.setdefault((obs.result.replica, item.identity, item.seen), (obs, item, key))
         if first[2] != key:
             return (
                 f"equal media ({_identity(item)}) on replica {obs.result.replica} got different keys:\n"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+from PIL import Image
 
-from omni_requests import scope_to_replica
+from omni_requests import TextPrompt, scope_to_replica, testing
 from omni_requests import strategies as S
 from omni_requests.testing import PROPERTIES, ScopingPropertyError, check_scoping
 from omni_requests_vllm import from_vllm, to_vllm
@@ -198,3 +201,27 @@ def test_checks_pass_over_many_examples_of_every_prompt_kind(fn: Callable[..., A
     every_kind = S.prompts(kinds=("text", "tokens", "embeds"), media=True, embeddings=True)
     long = settings(SEARCH, max_examples=300)
     check_scoping(fn, to_dict=to_dict, prompts=every_kind, replicas=3, settings=long)
+
+
+def test_equal_media_means_equal_as_given_and_as_the_model_sees_them() -> None:
+    # Found by the random search: two images sharing an EXIF ImageID but not their pixels
+    # are one item to vLLM's direct hasher, two to the model (vLLM's parser drops the ID).
+    # Our keys follow the model; the check must not demand one key for them.
+    def tagged(height: int) -> Image.Image:
+        image = Image.new("RGB", (1, height))
+        image.getexif()[0x800D] = uuid.UUID(int=0)
+        return image
+
+    template = TextPrompt(prompt="<image>", multi_modal_data={"image": tagged(2)})
+    scenario = testing._Scenario(
+        template=template,
+        copies=(attrs.evolve(template, multi_modal_data={"image": tagged(1)}),),
+        rebuilt=TextPrompt(prompt="<image>", multi_modal_data={"image": tagged(2)}),
+        calls=(testing._Call(0, 0, False), testing._Call(1, 0, False), testing._Call(2, 0, False)),
+    )
+    trace = testing._run(_scopers.ours, testing._Records(), scenario)
+    keys = [obs.result.keys["image"][0] for obs in trace.observations]  # type: ignore[index]
+    assert keys[0] == keys[2] != keys[1]  # the rebuilt template keys like the template
+    ctx = testing._Context(_scopers.ours, testing._Records(), 0)
+    assert testing._CHECKS["equal_media_equal_keys"](trace, ctx) is None
+    assert testing._CHECKS["distinct_media_distinct_keys"](trace, ctx) is None
