@@ -28,7 +28,7 @@ from blake3 import blake3
 from pyrsistent import PVector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
-from ._media import immutable_token, is_pil_image, is_torch_tensor
+from ._media import immutable_token, is_pil_image, is_torch_tensor, never_written
 
 __all__ = ["HashAlgorithm", "MediaHasher"]
 
@@ -370,9 +370,8 @@ class _KeyCache:
         self._lock = threading.RLock()
         self._digests: dict[Hashable, str] = {}
         self._watched: dict[int, tuple[weakref.ref[object], set[Hashable]]] = {}
-
-    def get(self, key: Hashable) -> str | None:
-        return self._digests.get(key)
+        # Reads take no lock (a dict read is atomic); the bound method saves a call a read.
+        self.get: Callable[[Hashable], str | None] = self._digests.get
 
     def put(self, key: Hashable, digest: str, leaves: list[object]) -> None:
         with self._lock:
@@ -455,12 +454,17 @@ class MediaHasher:
         hashes the parsed image, which is also exactly vLLM's own key; every other item
         is hashed as given, like vllm-omni does.
         """
+        _check_modality(modality)
+        return self._content_key(modality, item)
+
+    def _content_key(self, modality: str, item: object) -> str:
+        # content_key for a modality already checked (a record's): on every render's path.
         if modality == "image" and is_pil_image(item):
             # Modes Pillow cannot flatten to RGB (e.g. "La") vLLM cannot parse either:
             # those images are hashed as given.
             with contextlib.suppress(ValueError):
                 item = _as_vllm_parses_image(item)
-        return self.key(modality, item)
+        return self._cached("key", modality, item, self._digest)
 
     def fingerprint(self, modality: str, item: object) -> str:
         """A cheap digest of ``item``: its types, dtypes, shapes, lengths and a sample of bytes.
@@ -482,10 +486,17 @@ class MediaHasher:
         return self._cached("fingerprint", modality, item, self._fingerprint)
 
     def _cached(self, kind: str, modality: str, item: object, compute: Callable[[str, object], str]) -> str:
-        leaves: list[object] = []
-        token = immutable_token(item, leaves)
-        if token is None or not leaves:
-            return compute(modality, item)
+        leaves: list[object]
+        token: object
+        if type(item) is np.ndarray:  # the common item, without building its token
+            if not never_written(item):
+                return compute(modality, item)
+            leaves, token = [item], ("ndarray", id(item))
+        else:
+            leaves = []
+            token = immutable_token(item, leaves)
+            if token is None or not leaves:
+                return compute(modality, item)
         cache_key = (kind, self.algorithm, self.model_id, modality, token)
         digest = _CACHE.get(cache_key)
         if digest is None:

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, TypeVar
 
 import numpy as np
-from pyrsistent import PMap, PVector, pvector
+from pyrsistent import PMap, PVector, pmap, pvector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 
@@ -167,9 +167,11 @@ def thaw(value: object) -> Any:
     return value
 
 
-# Plain-dict copies of PMaps by identity. Iterating or indexing a PMap runs Python code
-# (about 0.3-0.8 us a time), and scoped copies of one template share its maps, so the
-# render path reads each map's items once. An entry leaves with its map.
+# The maps records built, by identity, each with a plain dict of its items in the order
+# the caller gave them. Records store PMaps, but iterating or indexing a PMap runs Python
+# code (about 0.3-0.8 us a time) and scoped copies of a template share its maps, so the
+# render path reads this dict instead. Being here also means "checked and frozen": a record
+# given another record's map takes it as is. An entry leaves with its map.
 class _MapRef(weakref.ref):  # type: ignore[type-arg]
     """A weak reference that knows its entry's key: one shared callback, no closure each."""
 
@@ -178,26 +180,59 @@ class _MapRef(weakref.ref):  # type: ignore[type-arg]
 
 
 def _drop_map(ref: _MapRef) -> None:
-    entry = _PLAIN_MAPS.get(ref.key)
+    entry = _FROZEN_MAPS.get(ref.key)
     if entry is not None and entry[0] is ref:
-        del _PLAIN_MAPS[ref.key]
+        del _FROZEN_MAPS[ref.key]
 
 
-_PLAIN_MAPS: dict[int, tuple[_MapRef, dict[Any, Any]]] = {}
+_FROZEN_MAPS: dict[int, tuple[_MapRef, dict[Any, Any]]] = {}
+
+
+def frozen_map(items: dict[_K, _V]) -> PMap[_K, _V]:
+    """A PMap of ``items`` (already checked and frozen), registered with ``items`` as its plain view.
+
+    ``items`` is kept, so the caller must not change it afterwards.
+    """
+    value: PMap[_K, _V] = pmap(items)
+    key = id(value)
+    entry = _FROZEN_MAPS.get(key)
+    if entry is None or entry[0]() is not value:
+        ref = _MapRef(value, _drop_map)
+        ref.key = key
+        # The callback runs before the map's memory (and so its id) can be reused.
+        _FROZEN_MAPS[key] = (ref, items)
+    return value
+
+
+def is_frozen_map(value: object) -> bool:
+    """True for a map :func:`frozen_map` built (so already checked and frozen)."""
+    entry = _FROZEN_MAPS.get(id(value))
+    return entry is not None and entry[0]() is value
 
 
 def plain_map(value: PMap[_K, _V]) -> Mapping[_K, _V]:
-    """``value`` as a plain ``dict`` in its iteration order, built once per map. Read only."""
-    key = id(value)
-    entry = _PLAIN_MAPS.get(key)
+    """``value``'s items as a plain ``dict``, in the order the record was given them. Read only."""
+    entry = _FROZEN_MAPS.get(id(value))
     if entry is not None and entry[0]() is value:
         return entry[1]
-    plain = dict(value.items())
-    # The callback runs before the map's memory (and so its id) can be reused.
-    ref = _MapRef(value, _drop_map)
-    ref.key = key
-    _PLAIN_MAPS[key] = (ref, plain)
-    return plain
+    return dict(value.items())  # not a record's map: read it, without keeping a copy
+
+
+def never_written(array: np.ndarray[Any, Any]) -> bool:
+    """True when nobody holds a writable reference to ``array``'s bytes.
+
+    That is: it and every array it views are read-only, and under them is nothing but
+    their own memory or ``bytes`` (a foreign buffer, a bytearray or an mmap, may still be
+    written).
+    """
+    while not array.flags.writeable:
+        base = array.base
+        if base is None:
+            return True
+        if not isinstance(base, np.ndarray):
+            return isinstance(base, bytes)
+        array = base
+    return False
 
 
 def immutable_token(value: object, leaves: list[object]) -> object | None:
@@ -211,13 +246,8 @@ def immutable_token(value: object, leaves: list[object]) -> object | None:
     if value is None or isinstance(value, _SCALARS):
         return (type(value), value)
     if isinstance(value, np.ndarray):
-        base: object = value
-        while isinstance(base, np.ndarray):
-            if base.flags.writeable:
-                return None
-            base = base.base
-        if base is not None and not isinstance(base, bytes):
-            return None  # a foreign buffer (bytearray, mmap) may still be written
+        if not never_written(value):
+            return None
         leaves.append(value)
         return ("ndarray", id(value))
     if isinstance(value, np.generic):

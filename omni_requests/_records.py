@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import operator
 import types
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeAlias
 
 import attrs
 import numpy as np
-from pyrsistent import PMap, PVector, pmap, pvector
+from pyrsistent import PMap, PVector, pvector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import _exif_image_id
@@ -25,6 +24,8 @@ from ._media import (
     FrozenDict,
     freeze_media,
     freeze_option,
+    frozen_map,
+    is_frozen_map,
     is_pil_image,
     is_torch_tensor,
     thaw,
@@ -44,23 +45,7 @@ MediaUUIDs: TypeAlias = "PMap[str, PVector[str | None]]"
 
 _VISUAL_AUDIO: Final = frozenset({"image", "video", "audio"})
 
-# Identities of maps this module built (and so already checked and froze); evolve hands
-# them back unchanged, and re-checking every item on each copy would cost O(media).
-_checked_maps: dict[int, weakref.ref[PMap[Any, Any]]] = {}
-
-
-def _remember(value: PMap[Any, Any]) -> PMap[Any, Any]:
-    key = id(value)
-    _checked_maps[key] = weakref.ref(value, lambda _: _checked_maps.pop(key, None))
-    return value
-
-
-def _was_checked(value: object) -> bool:
-    ref = _checked_maps.get(id(value))
-    return ref is not None and ref() is value
-
-
-_EMPTY: Final[PMap[str, Any]] = _remember(pmap())
+_EMPTY: Final[PMap[str, Any]] = frozen_map({})
 
 
 # -- splitting a modality's value into items, as vLLM's MultiModalDataParser does --
@@ -112,7 +97,7 @@ def _check_modality(path: str, modality: object) -> str:
 def _convert_media(value: object) -> MediaData:
     if value is None:
         return _EMPTY
-    if _was_checked(value):
+    if is_frozen_map(value):
         return value  # type: ignore[return-value]
     path = "$.multi_modal_data"
     if not isinstance(value, Mapping):
@@ -131,13 +116,13 @@ def _convert_media(value: object) -> MediaData:
         # the way vLLM reads it, so single items and lists give the same record.
         items = data if isinstance(data, PVector) else _split_items(modality, data)
         frozen[modality] = pvector(freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items))
-    return _remember(pmap(frozen))
+    return frozen_map(frozen) if frozen else _EMPTY
 
 
 def _convert_uuids(value: object) -> MediaUUIDs:
     if value is None:
         return _EMPTY
-    if _was_checked(value):
+    if is_frozen_map(value):
         return value  # type: ignore[return-value]
     path = "$.multi_modal_uuids"
     if not isinstance(value, Mapping):
@@ -153,7 +138,7 @@ def _convert_uuids(value: object) -> MediaUUIDs:
         for i, uuid in enumerate(uuids):
             _check_uuid(f"{where}[{i}]", uuid)
         frozen[modality] = pvector(uuids)
-    return _remember(pmap(frozen))
+    return frozen_map(frozen) if frozen else _EMPTY
 
 
 def _check_uuid(path: str, uuid: object) -> None:
@@ -408,8 +393,21 @@ def _summary(value: object) -> str:
 # -- the records --
 
 
+class _Memo:
+    """The slot of a record's memo: values derived from its fields, shared with its scoped copies.
+
+    A template and the copies :func:`scope_to_replica` makes of it differ only in
+    ``scope``, so the copies share one dict: an entry must depend on nothing but the other
+    fields, or be keyed by the scope. Every other copy starts a fresh one (field_copier).
+    A plain slot outside attrs: not a field, so not compared, printed or pickled.
+    """
+
+    __slots__ = ("_memo",)
+    _memo: dict[Any, Any]
+
+
 @attrs.frozen(kw_only=True)
-class _Prompt:
+class _Prompt(_Memo):
     """Fields every single prompt shares (vLLM's ``_PromptOptions`` plus vllm-omni's)."""
 
     multi_modal_data: MediaData = attrs.field(
@@ -440,6 +438,7 @@ class _Prompt:
         return (_rebuild, (type(self), plain_fields(self)))
 
     def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_memo", {})
         data, uuids = self.multi_modal_data, self.multi_modal_uuids
         for modality, items in data.items():
             given = uuids.get(modality)
@@ -556,6 +555,8 @@ def replace_fields(record: Any, **changes: Any) -> Any:
 
 
 _COPIERS: dict[tuple[type[Any], tuple[str, ...]], Callable[..., Any]] = {}
+# Copies that change only these fields keep the original's memo (see _Prompt._memo).
+_SHARES_MEMO: Final = frozenset({"scope"})
 
 
 def field_copier(kind: type[Any], names: tuple[str, ...]) -> Callable[..., Any]:
@@ -576,6 +577,10 @@ def field_copier(kind: type[Any], names: tuple[str, ...]) -> Callable[..., Any]:
         namespace[f"_set{i}"] = setter
         value = f"_v{names.index(name)}" if name in names else f"record.{name}"
         lines.append(f"    _set{i}(new, {value})")
+    if issubclass(kind, _Memo):
+        namespace["_set_memo"] = _Memo.__dict__["_memo"].__set__
+        # Only the scope changes: memo entries depend on the other fields or the scope.
+        lines.append(f"    _set_memo(new, {'record._memo' if set(names) <= _SHARES_MEMO else '{}'})")
     lines.append("    return new")
     exec("\n".join(lines), namespace)  # names come from attrs, never from input
     made: Callable[..., Any] = namespace["copy"]

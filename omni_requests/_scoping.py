@@ -16,7 +16,7 @@ from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import MediaHasher
 from ._keys import _DEFAULT_POLICY, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index
 from ._media import plain_map
-from ._records import _SINGLE, EncoderDecoderPrompt, SinglePrompt, field_copier, replace_fields
+from ._records import _EMPTY, _SINGLE, EncoderDecoderPrompt, SinglePrompt, field_copier, replace_fields
 
 __all__ = ["media_keys", "rendered_uuids", "scope_to_replica"]
 
@@ -30,35 +30,32 @@ _MAX_SCOPES: Final = 4096
 # What a scope puts before user UUIDs and content hashes (prefix plus policy parts), and
 # whether it binds UUIDs, by scope identity; the entry holds its scope, so the id stays its own.
 _RENDERINGS: dict[int, tuple[Scope, str, str, bool]] = {}
+# Memo entries per template: one per scope it is rendered in (stages x replicas x policies).
+_MAX_MEMO: Final = 64
 _WITH_SCOPE: Final[dict[type[Any], Callable[..., Any]]] = {
     kind: field_copier(kind, ("scope",)) for kind in _SINGLE
 }
 
 
-def _scope(stage_id: int, replica_id: int, hasher: MediaHasher, policy: KeyPolicy) -> Scope:
-    # Keyed by identity (hashing a MediaHasher costs more than the lookup); the scope holds
+def _new_scope(stage_id: int, replica_id: int, hasher: MediaHasher, policy: KeyPolicy) -> Scope:
+    # Kept by identity (hashing a MediaHasher costs more than the lookup); the scope holds
     # its hasher and policy, so a hit whose objects are these very ones is the right scope.
-    key = (stage_id, replica_id, id(hasher), id(policy))
-    scope = _SCOPES.get(key)
-    if scope is None or scope.hasher is not hasher or scope.policy is not policy:
-        scope = Scope(stage_id, replica_id, hasher, policy)
-        if len(_SCOPES) >= _MAX_SCOPES:
-            _SCOPES.clear()
-        _SCOPES[key] = scope
+    scope = Scope(stage_id, replica_id, hasher, policy)
+    if len(_SCOPES) >= _MAX_SCOPES:
+        _SCOPES.clear()
+    _SCOPES[(stage_id, replica_id, id(hasher), id(policy))] = scope
     return scope
 
 
-def _rendering(scope: Scope) -> tuple[str, str, bool]:
-    """(text before a user UUID, text before a content hash, binds UUIDs) for ``scope``."""
-    entry = _RENDERINGS.get(id(scope))
-    if entry is None or entry[0] is not scope:
-        policy = scope.policy
-        prefix = scope.prefix
-        entry = (scope, prefix + policy.user_part, prefix + policy.content_part, policy.bind_content)
-        if len(_RENDERINGS) >= _MAX_SCOPES:
-            _RENDERINGS.clear()
-        _RENDERINGS[id(scope)] = entry
-    return entry[1], entry[2], entry[3]
+def _new_rendering(scope: Scope) -> tuple[Scope, str, str, bool]:
+    """(scope, text before a user UUID, text before a content hash, binds UUIDs), kept by scope."""
+    policy = scope.policy
+    prefix = scope.prefix
+    entry = (scope, prefix + policy.user_part, prefix + policy.content_part, policy.bind_content)
+    if len(_RENDERINGS) >= _MAX_SCOPES:
+        _RENDERINGS.clear()
+    _RENDERINGS[id(scope)] = entry
+    return entry
 
 
 def scope_to_replica(
@@ -102,6 +99,28 @@ def scope_to_replica(
         policy = _DEFAULT_POLICY
     elif not isinstance(policy, KeyPolicy):
         raise PromptTypeError("policy", f"must be a KeyPolicy or None, got {type_name(policy)}")
+    with_scope = _WITH_SCOPE.get(type(prompt))
+    if with_scope is None:
+        return _scope_other(prompt, replica_id, hasher, stage_id, policy)
+    single: SinglePrompt = prompt  # type: ignore[assignment]  # its type is one of _SINGLE
+    # Records hold the one empty map whenever a map is empty (frozen_map), so identity
+    # answers what len() would, without a call into pyrsistent's Python code.
+    if single.multi_modal_data is _EMPTY and single.multi_modal_uuids is _EMPTY:
+        return prompt
+    if policy.bind_content:
+        _check_bindable(single)
+    scope = _SCOPES.get((stage_id, replica_id, id(hasher), id(policy)))
+    if scope is None or scope.hasher is not hasher or scope.policy is not policy:
+        scope = _new_scope(stage_id, replica_id, hasher, policy)
+    current = single.scope
+    if current is scope or (current is not None and current == scope):
+        return prompt
+    result: _P = with_scope(prompt, scope)
+    return result
+
+
+def _scope_other(prompt: _P, replica_id: int, hasher: MediaHasher, stage_id: int, policy: KeyPolicy) -> _P:
+    """scope_to_replica for what is not a plain single prompt: encoder-decoder pairs, subclasses."""
     if isinstance(prompt, EncoderDecoderPrompt):
         encoder = scope_to_replica(
             prompt.encoder_prompt, replica_id, hasher=hasher, stage_id=stage_id, policy=policy
@@ -119,12 +138,10 @@ def scope_to_replica(
         return prompt
     if policy.bind_content:
         _check_bindable(prompt)
-    scope = _scope(stage_id, replica_id, hasher, policy)
-    current = prompt.scope
-    if current is not None and (current is scope or current == scope):
+    scope = _new_scope(stage_id, replica_id, hasher, policy)
+    if prompt.scope == scope:
         return prompt
-    with_scope = _WITH_SCOPE.get(type(prompt))
-    result: _P = replace_fields(prompt, scope=scope) if with_scope is None else with_scope(prompt, scope)
+    result: _P = replace_fields(prompt, scope=scope)
     return result
 
 
@@ -151,7 +168,8 @@ def _keys(prompt: SinglePrompt, hasher: MediaHasher | None) -> dict[str, list[Me
     bind = scope is not None and scope.policy.bind_content
     if bind:
         _check_bindable(prompt)
-    data, uuids = prompt.multi_modal_data, prompt.multi_modal_uuids
+    # In the order the caller gave the modalities, as rendered_uuids and to_vllm give them.
+    data, uuids = plain_map(prompt.multi_modal_data), plain_map(prompt.multi_modal_uuids)
     keys: dict[str, list[MediaKey | None]] = {}
     for modality, items in data.items():
         given = uuids.get(modality)
@@ -195,39 +213,60 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
     item's key rendered with its scope.
     """
     scope = prompt.scope
+    uuids = plain_map(prompt.multi_modal_uuids)
     if scope is None:
-        callers = prompt.multi_modal_uuids
-        return {m: list(u) for m, u in plain_map(callers).items()} if callers else None
-    data, uuids = plain_map(prompt.multi_modal_data), plain_map(prompt.multi_modal_uuids)
+        return {m: list(u) for m, u in uuids.items()} if uuids else None
+    # Keys rendered from UUIDs alone depend on the fields a template shares with its
+    # scoped copies, and on the scope: they are rendered once per template and scope.
+    memo = prompt._memo
+    known = memo.get(id(scope))
+    if known is not None and known[0] is scope:
+        return {m: list(keys) for m, keys in known[1]}
+    data = plain_map(prompt.multi_modal_data)
     if not data and not uuids:
         return None
     # MediaKey.render() for every item, as strings, without building the key objects.
-    user, content, bind = _rendering(scope)
+    rendering = _RENDERINGS.get(id(scope))
+    if rendering is None or rendering[0] is not scope:
+        rendering = _new_rendering(scope)
+    _, user, content, bind = rendering
     hasher = scope.hasher
+    content_key = hasher._content_key
     if bind:
         _check_bindable(prompt)
     rendered: dict[str, list[str | None]] = {}
+    by_uuid_alone = not bind
     for modality, items in data.items():
         given = uuids.get(modality)
         if given is None:
+            by_uuid_alone = False
             rendered[modality] = [
-                None if item is None else content + hasher.content_key(modality, item) for item in items
+                None if item is None else content + content_key(modality, item) for item in items
             ]
         elif bind:
             rendered[modality] = [
                 f"{user}bound:{hasher.fingerprint(modality, item)}:{uuid}"
                 if uuid is not None
-                else content + hasher.content_key(modality, item)
+                else content + content_key(modality, item)
                 for uuid, item in zip(given, items, strict=True)
             ]
+        elif None not in given:  # every item keyed by its UUID: the common case, kept lean
+            rendered[modality] = [user + uuid for uuid in given]  # type: ignore[operator]
         else:
+            # A content key is derived again each time: only then is a changed item seen.
+            by_uuid_alone = False
             rendered[modality] = [
                 user + uuid
                 if uuid is not None
-                else (None if item is None else content + hasher.content_key(modality, item))
+                else (None if item is None else content + content_key(modality, item))
                 for uuid, item in zip(given, items, strict=True)
             ]
-    for modality, given in uuids.items():
-        if modality not in data:  # cached-only items, as in _keys (binding refused them above)
-            rendered[modality] = [None if u is None else user + u for u in given]
+    if uuids and not uuids.keys() <= data.keys():
+        for modality, given in uuids.items():
+            if modality not in data:  # cached-only items, as in _keys (binding refused them above)
+                rendered[modality] = [None if u is None else user + u for u in given]
+    if by_uuid_alone:
+        if len(memo) >= _MAX_MEMO:
+            memo.clear()
+        memo[id(scope)] = (scope, tuple((m, tuple(keys)) for m, keys in rendered.items()))
     return rendered

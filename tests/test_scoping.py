@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import copy
 import itertools
+import pickle
 
 import attrs
 import numpy as np
 import pytest
+from pyrsistent import pmap
 
 from omni_requests import (
     EncoderDecoderPrompt,
     InvalidPromptError,
     KeyOrigin,
+    KeyPolicy,
     MediaHasher,
     PromptTypeError,
     TextPrompt,
@@ -21,6 +24,7 @@ from omni_requests import (
     rendered_uuids,
     scope_to_replica,
 )
+from omni_requests._records import _EMPTY, replace_fields
 
 from .conftest import video
 
@@ -172,3 +176,100 @@ def test_hasher_must_be_a_media_hasher() -> None:
     p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
     with pytest.raises(PromptTypeError, match="MediaHasher"):
         scope_to_replica(p, 0, hasher="m")  # type: ignore[arg-type]
+
+
+# -- what a template shares with its scoped copies (the render memo) --
+
+
+def test_renderings_shared_by_scoped_copies_never_reach_a_changed_copy(hasher: MediaHasher) -> None:
+    template = TextPrompt(
+        prompt="x", multi_modal_data={"video": video(1)}, multi_modal_uuids={"video": "v-1"}
+    )
+    assert _key(scope_to_replica(template, 1, hasher=hasher)) == "stage0:rep1:v-1"  # remembered now
+    renamed = attrs.evolve(template, multi_modal_uuids={"video": "v-2"})
+    assert _key(scope_to_replica(renamed, 1, hasher=hasher)) == "stage0:rep1:v-2"
+    # The same through the copier scoping uses, changing a field other than the scope.
+    unkeyed = replace_fields(scope_to_replica(template, 1, hasher=hasher), multi_modal_uuids=_EMPTY)
+    assert _key(unkeyed) == f"stage0:rep1:{hasher.key('video', video(1))}"
+    assert _key(scope_to_replica(template, 1, hasher=hasher)) == "stage0:rep1:v-1"
+
+
+def test_each_scope_renders_its_own_keys_from_one_template(hasher: MediaHasher) -> None:
+    template = TextPrompt(prompt="x", multi_modal_data={"image": [None]}, multi_modal_uuids={"image": ["c"]})
+    tenant = KeyPolicy(namespaces=True, tenant="acme")
+    for _ in range(2):  # the second round is answered from the memo
+        assert _key(scope_to_replica(template, 0, hasher=hasher), "image") == "stage0:rep0:c"
+        assert _key(scope_to_replica(template, 1, hasher=hasher, stage_id=2), "image") == "stage2:rep1:c"
+        scoped = scope_to_replica(template, 0, hasher=hasher, policy=tenant)
+        assert _key(scoped, "image") == "stage0:rep0:" + tenant.user_part + "c"
+
+
+def test_content_keys_are_derived_on_every_render_even_beside_user_uuids(hasher: MediaHasher) -> None:
+    frames, still = video(1), np.zeros((2, 2, 3), np.uint8)
+    scoped = scope_to_replica(
+        TextPrompt(
+            prompt="x",
+            multi_modal_data={"image": still, "video": frames},
+            multi_modal_uuids={"image": "still-1"},
+        ),
+        0,
+        hasher=hasher,
+    )
+    before = rendered_uuids(scoped)
+    frames[:] = 7  # the caller writes through its own reference
+    after = rendered_uuids(scoped)
+    assert before is not None and after is not None
+    assert after["image"] == before["image"] == ["stage0:rep0:still-1"]
+    assert (
+        after["video"] == [f"stage0:rep0:{hasher.key('video', np.full_like(frames, 7))}"] != before["video"]
+    )
+
+
+def test_rendered_lists_are_new_each_call(hasher: MediaHasher) -> None:
+    scoped = scope_to_replica(
+        TextPrompt(prompt="x", multi_modal_data={"image": [None]}, multi_modal_uuids={"image": ["c"]}),
+        0,
+        hasher=hasher,
+    )
+    first = rendered_uuids(scoped)
+    assert first is not None
+    first["image"].append("stage0:rep0:stale")
+    first["audio"] = ["x"]
+    assert rendered_uuids(scoped) == {"image": ["stage0:rep0:c"]}
+
+
+def test_the_memo_is_no_part_of_a_records_value(hasher: MediaHasher) -> None:
+    template = TextPrompt(prompt="x", multi_modal_data={"image": [None]}, multi_modal_uuids={"image": ["c"]})
+    scoped = scope_to_replica(template, 0, hasher=hasher)
+    rendered_uuids(scoped)
+    fresh = scope_to_replica(
+        TextPrompt(prompt="x", multi_modal_data={"image": [None]}, multi_modal_uuids={"image": ["c"]}),
+        0,
+        hasher=hasher,
+    )
+    assert scoped == fresh and hash(scoped.multi_modal_uuids) == hash(fresh.multi_modal_uuids)
+    assert "_memo" not in repr(scoped) and "_memo" not in attrs.asdict(scoped)
+    assert "_memo" not in {field.name for field in attrs.fields(TextPrompt)}
+    assert pickle.loads(pickle.dumps(scoped))._memo == {}
+
+
+def test_modalities_keep_the_callers_order(hasher: MediaHasher) -> None:
+    # Records store PMaps, whose order follows string hashes (and so PYTHONHASHSEED);
+    # the engine's UUIDs follow the order the caller gave instead (media_keys is a PMap).
+    names = ["video", "image", "audio", "a", "z"]
+    data = {name: [None] for name in names}
+    uuids = {name: [f"{name}-1"] for name in reversed(names)}
+    scoped = scope_to_replica(
+        TextPrompt(prompt="x", multi_modal_data=data, multi_modal_uuids=uuids), 0, hasher=hasher
+    )
+    rendered = rendered_uuids(scoped)
+    assert rendered is not None and list(rendered) == names
+
+
+def test_every_empty_map_is_the_one_empty_map(hasher: MediaHasher) -> None:
+    # scope_to_replica tells "no media" by identity with the shared empty map.
+    emptied = pmap({"image": [np.zeros((2, 2, 3), np.uint8)]}).discard("image")
+    assert emptied is not pmap()
+    p = TextPrompt(prompt="x", multi_modal_data=emptied, multi_modal_uuids={})
+    assert p.multi_modal_data is _EMPTY and p.multi_modal_uuids is _EMPTY
+    assert scope_to_replica(p, 1, hasher=hasher) is p

@@ -210,9 +210,15 @@ def _set_uuids(out: dict[str, Any], part: Any, keys: _KeyMap | None, scope: Scop
     the scoped record, rendered from keys already computed, so no item is hashed twice."""
     if keys is None or (not part.multi_modal_data and not part.multi_modal_uuids):
         return
+    # In rendered_uuids' order: the data's modalities, then those with UUIDs alone, both
+    # as the caller gave them (``out`` has them so; ``keys`` is a PMap, in hash order).
+    data = out.get("multi_modal_data", {})
+    order = [*data, *(m for m in out.get("multi_modal_uuids", ()) if m not in data)]
     out["multi_modal_uuids"] = {
-        modality: [None if key is None else MediaKey(key.base, key.origin, scope).render() for key in row]
-        for modality, row in keys.items()
+        modality: [
+            None if key is None else MediaKey(key.base, key.origin, scope).render() for key in keys[modality]
+        ]
+        for modality in order
     }
 
 
