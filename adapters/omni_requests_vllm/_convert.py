@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import operator
+from collections.abc import Callable, Mapping
 from typing import Any, Final, TypeAlias, overload
 
 import attrs
@@ -42,10 +43,17 @@ _KEYS: Final = {kind: _dict_keys(kind) for kind in _SINGLE}
 # Fields go out main field first, like the dicts people write.
 _MAIN: Final = {TextPrompt: "prompt", TokensPrompt: "prompt_token_ids", EmbedsPrompt: "prompt_embeds"}
 _MEDIA: Final = ("multi_modal_data", "multi_modal_uuids")
-# The other fields, in field order; they go out only when set.
-_OPTIONS: Final = {
-    kind: tuple(k for k in _KEYS[kind] if k != _MAIN[kind] and k not in _MEDIA) for kind in _SINGLE
-}
+# The other fields, in field order; they go out only when set. A plan per kind: the main
+# field, the option names, one call that reads them all, and what it reads when none is set.
+_Plan: TypeAlias = "tuple[str, tuple[str, ...], Callable[[Any], tuple[Any, ...]], tuple[None, ...]]"
+
+
+def _plan(kind: type[Any]) -> _Plan:
+    options = tuple(k for k in _KEYS[kind] if k != _MAIN[kind] and k not in _MEDIA)
+    return (_MAIN[kind], options, operator.attrgetter(*options), (None,) * len(options))
+
+
+_PLANS: Final[dict[type[Any], _Plan]] = {kind: _plan(kind) for kind in _SINGLE}
 # Values thaw() returns as they are: skip the call (to_vllm is on every request's path).
 _AS_IS: Final = frozenset({str, bytes, int, float, bool, type(None), np.ndarray})
 
@@ -61,20 +69,61 @@ def to_vllm(prompt: Prompt) -> VllmPrompt:
     each call, so the engine may change them without reaching the record; arrays are
     the record's read-only views (no copy), tensors and images the record's own.
     """
+    plan = _PLANS.get(type(prompt))
+    if plan is not None:
+        return _single_to_vllm(prompt, plan)  # type: ignore[arg-type]
     if isinstance(prompt, EncoderDecoderPrompt):
         decoder = prompt.decoder_prompt
         return {
-            "encoder_prompt": _single_to_vllm(prompt.encoder_prompt),
-            "decoder_prompt": None if decoder is None else _single_to_vllm(decoder),
+            "encoder_prompt": to_vllm(prompt.encoder_prompt),
+            "decoder_prompt": None if decoder is None else to_vllm(decoder),
         }
-    if not isinstance(prompt, _SINGLE):
-        raise PromptTypeError("prompt", f"must be a prompt record, got {type_name(prompt)}")
-    return _single_to_vllm(prompt)
+    for kind in _SINGLE:  # a subclass of a record kind converts as its kind
+        if isinstance(prompt, kind):
+            return _single_to_vllm(prompt, _PLANS[kind])
+    raise PromptTypeError("prompt", f"must be a prompt record, got {type_name(prompt)}")
 
 
-def _single_to_vllm(prompt: SinglePrompt) -> VllmPrompt:
-    kind = type(prompt)
-    main = _MAIN[kind]
+def _single_to_vllm(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
+    # Everything but the keys depends only on fields a template shares with its scoped
+    # copies, so it is laid out once per template (see _Prompt._memo); the dict, lists
+    # and maps handed out are still new each call.
+    layout: Any = prompt._memo.get(_LAYOUT)
+    if layout is None:
+        layout = prompt._memo[_LAYOUT] = _layout(prompt, plan)
+    if layout is _THAW_EACH_TIME:
+        return _thawed(prompt, plan)
+    main, data, options = layout
+    out: VllmPrompt = {plan[0]: main}
+    if data:
+        out["multi_modal_data"] = {m: list(items) for m, items in data}
+    uuids = rendered_uuids(prompt)
+    if uuids is not None:
+        out["multi_modal_uuids"] = uuids
+    if options:
+        out.update(options)
+    return out
+
+
+_LAYOUT: Final = "omni_requests_vllm.layout"
+_THAW_EACH_TIME: Final = ("thaw each time",)
+_Layout: TypeAlias = "tuple[Any, tuple[tuple[str, tuple[Any, ...]], ...], tuple[tuple[str, Any], ...]]"
+
+
+def _layout(prompt: SinglePrompt, plan: _Plan) -> _Layout | tuple[str]:
+    """The values that go out as they are, or a marker: some value is a container, thawed each call."""
+    name, options, read_options, _ = plan
+    main = getattr(prompt, name)
+    data = tuple((m, tuple(items)) for m, items in plain_map(prompt.multi_modal_data).items())
+    given = tuple((n, v) for n, v in zip(options, read_options(prompt), strict=True) if v is not None)
+    values = [main, *(v for _, v in given), *(item for _, items in data for item in items)]
+    if any(type(value) not in _AS_IS for value in values):
+        return _THAW_EACH_TIME
+    return main, data, given
+
+
+def _thawed(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
+    main, options, read_options, unset = plan
     value = getattr(prompt, main)
     out: VllmPrompt = {main: value if type(value) in _AS_IS else thaw(value)}
     data = plain_map(prompt.multi_modal_data)
@@ -85,10 +134,11 @@ def _single_to_vllm(prompt: SinglePrompt) -> VllmPrompt:
     uuids = rendered_uuids(prompt)
     if uuids is not None:
         out["multi_modal_uuids"] = uuids
-    for name in _OPTIONS[kind]:
-        value = getattr(prompt, name)
-        if value is not None:
-            out[name] = value if type(value) in _AS_IS else thaw(value)
+    values = read_options(prompt)
+    if values != unset:  # most prompts set none of them: one comparison instead of a loop
+        for name, value in zip(options, values, strict=True):
+            if value is not None:
+                out[name] = value if type(value) in _AS_IS else thaw(value)
     return out
 
 

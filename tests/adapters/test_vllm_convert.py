@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import pickle
 
+import attrs
 import numpy as np
 import pytest
 
@@ -146,3 +147,48 @@ def test_bad_dicts_name_the_field(prompt: object, error: type[Exception], path: 
 def test_to_vllm_refuses_non_records() -> None:
     with pytest.raises(PromptTypeError):
         to_vllm({"prompt": "x"})  # type: ignore[call-overload]
+
+
+def test_repeated_conversions_hand_out_new_containers(hasher: MediaHasher) -> None:
+    # Values that go out as they are (arrays, strings) are laid out once per template;
+    # the dict, lists and maps around them must still be new every call.
+    images = [np.zeros((2, 2, 3), np.uint8), np.ones((2, 2, 3), np.uint8)]
+    template = TextPrompt(
+        prompt="<image><image>",
+        multi_modal_data={"image": images},
+        multi_modal_uuids={"image": ["a", "b"]},
+        cache_salt="salt",
+    )
+    first = to_vllm(scope_to_replica(template, 0, hasher=hasher))
+    first["multi_modal_data"]["image"].append(images[0])
+    first["multi_modal_data"]["video"] = []
+    first["multi_modal_uuids"]["image"][0] = "stage0:rep1:stage0:rep0:a"
+    first["cache_salt"] = "other"
+    second = to_vllm(scope_to_replica(template, 0, hasher=hasher))
+    assert second["multi_modal_uuids"] == {"image": ["stage0:rep0:a", "stage0:rep0:b"]}
+    assert len(second["multi_modal_data"]["image"]) == 2 and list(second["multi_modal_data"]) == ["image"]
+    assert second["cache_salt"] == "salt" and second["prompt"] == "<image><image>"
+    assert to_vllm(scope_to_replica(template, 1, hasher=hasher))["multi_modal_uuids"] == {
+        "image": ["stage0:rep1:a", "stage0:rep1:b"]
+    }
+
+
+def test_dicts_keep_the_callers_modality_order(hasher: MediaHasher) -> None:
+    names = ["video", "image", "audio", "a", "z"]
+    d = {
+        "prompt": "x",
+        "multi_modal_data": {name: [None] for name in names},
+        "multi_modal_uuids": {name: [f"{name}-1"] for name in reversed(names)},
+    }
+    out = to_vllm(from_vllm(d))
+    assert list(out["multi_modal_data"]) == names and list(out["multi_modal_uuids"]) == names[::-1]
+    scoped = to_vllm(scope_to_replica(from_vllm(d), 0, hasher=hasher))
+    assert list(scoped["multi_modal_uuids"]) == names
+
+
+def test_a_subclass_of_a_record_converts_as_its_kind() -> None:
+    @attrs.frozen(kw_only=True)
+    class Tagged(TextPrompt):
+        tag: str = "t"
+
+    assert to_vllm(Tagged(prompt="hi", cache_salt="s")) == {"prompt": "hi", "cache_salt": "s"}
