@@ -121,6 +121,36 @@ def _leaf(update: _Update, value: object) -> None:
 
 
 def _ndarray(update: _Update, array: np.ndarray[Any, Any]) -> None:
+    if array.ndim and array.flags.c_contiguous:
+        # Everything before the bytes depends only on dtype and shape: walked once per
+        # such pair, then one update (a video's frames share theirs).
+        header_key = (array.dtype.str, array.shape)
+        header = _NDARRAY_HEADERS.get(header_key)
+        if header is None:
+            parts: list[bytes] = []
+            _ndarray_header(parts.append, array)
+            parts.append(_length(array.nbytes))
+            header = b"".join(parts)
+            if len(_NDARRAY_HEADERS) >= _MAX_ARRAY_FRAMES:
+                _NDARRAY_HEADERS.clear()
+            _NDARRAY_HEADERS[header_key] = header
+        update(header)
+        update(array.view(np.uint8).data)
+        return
+    _ndarray_header(update, array)
+    if array.ndim == 0:
+        _value(update, array.item())
+        return
+    # vLLM hashes array.tobytes(); stream the same C-order bytes block by block.
+    update(_length(array.nbytes))
+    row_bytes = max(array.nbytes // max(array.shape[0], 1), 1)
+    step = max(_BLOCK_BYTES // row_bytes, 1)
+    for start in range(0, array.shape[0], step):
+        update(np.ascontiguousarray(array[start : start + step]).view(np.uint8).data)
+
+
+def _ndarray_header(update: _Update, array: np.ndarray[Any, Any]) -> None:
+    """The stream up to an array's data: its type, dtype and shape, and the data's name."""
     _framed(update, b"ndarray")
     update(_TAG_MAPPING)
     update(_length(3))
@@ -129,19 +159,8 @@ def _ndarray(update: _Update, array: np.ndarray[Any, Any]) -> None:
     _framed(update, b"shape")
     _value(update, array.shape)
     _framed(update, b"data")
-    if array.ndim == 0:
-        _value(update, array.item())
-        return
-    update(_TAG_LEAF)
-    if array.flags.c_contiguous:
-        _framed(update, array.view(np.uint8).data)
-        return
-    # vLLM hashes array.tobytes(); stream the same C-order bytes block by block.
-    update(_length(array.nbytes))
-    row_bytes = max(array.nbytes // max(array.shape[0], 1), 1)
-    step = max(_BLOCK_BYTES // row_bytes, 1)
-    for start in range(0, array.shape[0], step):
-        update(np.ascontiguousarray(array[start : start + step]).view(np.uint8).data)
+    if array.ndim:
+        update(_TAG_LEAF)
 
 
 def _pil_image(update: _Update, image: Any) -> None:
@@ -401,6 +420,8 @@ _CACHE = _KeyCache()
 # The bytes around a plain array's data in the digest stream, per (model, modality, dtype,
 # shape); see MediaHasher._array_digest. Bounded: media come in few shapes.
 _ARRAY_FRAMES: dict[tuple[str, str, str, tuple[int, ...]], tuple[bytes, bytes]] = {}
+# An array's header in the stream (see _ndarray), per (dtype, shape); bounded the same way.
+_NDARRAY_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
 _MAX_ARRAY_FRAMES: Final = 1024
 
 
