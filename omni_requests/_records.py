@@ -28,6 +28,7 @@ from ._media import (
     is_frozen_map,
     is_pil_image,
     is_torch_tensor,
+    plain_map,
     thaw,
 )
 
@@ -393,21 +394,41 @@ def _summary(value: object) -> str:
 # -- the records --
 
 
-class _Memo:
-    """The slot of a record's memo: values derived from its fields, shared with its scoped copies.
+MediaRow: TypeAlias = "tuple[str, tuple[Any, ...] | None, tuple[str | None, ...] | None]"
+"""One modality of a record's media: its name, its items (None where it has UUIDs alone,
+cached-only items) and its UUIDs (None where none were given)."""
 
-    A template and the copies :func:`scope_to_replica` makes of it differ only in
-    ``scope``, so the copies share one dict: an entry must depend on nothing but the other
-    fields, or be keyed by the scope. Every other copy starts a fresh one (field_copier).
-    A plain slot outside attrs: not a field, so not compared, printed or pickled.
+
+def media_view(data: Mapping[str, Any], uuids: Mapping[str, Any]) -> tuple[MediaRow, ...]:
+    """The rows of a record's media: the data's modalities, then those with UUIDs alone,
+    each in the order the caller gave them (the order the engine's dict gets)."""
+    rows: list[MediaRow] = [
+        (m, tuple(items), None if (given := uuids.get(m)) is None else tuple(given))
+        for m, items in data.items()
+    ]
+    rows += [(m, None, tuple(given)) for m, given in uuids.items() if m not in data]
+    return tuple(rows)
+
+
+class _Derived:
+    """Slots for what a record derives from its fields, outside attrs: not fields, so not
+    compared, printed or pickled.
+
+    ``_view`` holds the media as :data:`MediaRow` tuples, which the render path walks
+    without reading a ``PMap`` (Python code) or a dict per modality. ``_memo`` holds
+    values derived from the fields, shared with the record's scoped copies: a template
+    and the copies :func:`scope_to_replica` makes of it differ only in ``scope``, so an
+    entry must depend on nothing but the other fields, or be keyed by the scope. Every
+    other copy starts a fresh memo (field_copier).
     """
 
-    __slots__ = ("_memo",)
+    __slots__ = ("_memo", "_view")
     _memo: dict[Any, Any]
+    _view: tuple[MediaRow, ...]
 
 
 @attrs.frozen(kw_only=True)
-class _Prompt(_Memo):
+class _Prompt(_Derived):
     """Fields every single prompt shares (vLLM's ``_PromptOptions`` plus vllm-omni's)."""
 
     multi_modal_data: MediaData = attrs.field(
@@ -438,8 +459,7 @@ class _Prompt(_Memo):
         return (_rebuild, (type(self), plain_fields(self)))
 
     def __attrs_post_init__(self) -> None:
-        object.__setattr__(self, "_memo", {})
-        data, uuids = self.multi_modal_data, self.multi_modal_uuids
+        data, uuids = plain_map(self.multi_modal_data), plain_map(self.multi_modal_uuids)
         for modality, items in data.items():
             given = uuids.get(modality)
             if given is not None and len(given) != len(items):
@@ -455,6 +475,8 @@ class _Prompt(_Memo):
                         f"multi_modal_data[{modality!r}][{i}] is empty but "
                         f"multi_modal_uuids[{modality!r}][{i}] is missing.",
                     )
+        object.__setattr__(self, "_view", media_view(data, uuids))
+        object.__setattr__(self, "_memo", {})
 
 
 @attrs.frozen(kw_only=True)
@@ -577,15 +599,23 @@ def field_copier(kind: type[Any], names: tuple[str, ...]) -> Callable[..., Any]:
         namespace[f"_set{i}"] = setter
         value = f"_v{names.index(name)}" if name in names else f"record.{name}"
         lines.append(f"    _set{i}(new, {value})")
-    if issubclass(kind, _Memo):
-        namespace["_set_memo"] = _Memo.__dict__["_memo"].__set__
+    if issubclass(kind, _Derived):
+        namespace["_set_memo"] = _Derived.__dict__["_memo"].__set__
+        namespace["_set_view"] = _Derived.__dict__["_view"].__set__
+        namespace["_view_of"] = _view_of
         # Only the scope changes: memo entries depend on the other fields or the scope.
         lines.append(f"    _set_memo(new, {'record._memo' if set(names) <= _SHARES_MEMO else '{}'})")
+        media_kept = not set(names) & {"multi_modal_data", "multi_modal_uuids"}
+        lines.append(f"    _set_view(new, {'record._view' if media_kept else '_view_of(new)'})")
     lines.append("    return new")
     exec("\n".join(lines), namespace)  # names come from attrs, never from input
     made: Callable[..., Any] = namespace["copy"]
     _COPIERS[(kind, names)] = made
     return made
+
+
+def _view_of(record: Any) -> tuple[MediaRow, ...]:
+    return media_view(plain_map(record.multi_modal_data), plain_map(record.multi_modal_uuids))
 
 
 def _setter(name: str) -> Callable[[Any, Any], None]:

@@ -147,10 +147,8 @@ def _scope_other(prompt: _P, replica_id: int, hasher: MediaHasher, stage_id: int
 
 def _check_bindable(prompt: SinglePrompt) -> None:
     """Content binding needs every user-keyed item present: a cached-only one has no content."""
-    data = prompt.multi_modal_data
-    for modality, given in prompt.multi_modal_uuids.items():
-        items = data.get(modality)
-        for i, uuid in enumerate(given):
+    for modality, items, given in prompt._view:
+        for i, uuid in enumerate(given or ()):
             if uuid is not None and (items is None or items[i] is None):
                 raise InvalidPromptError(
                     f"$.multi_modal_data.{modality}[{i}]",
@@ -168,11 +166,11 @@ def _keys(prompt: SinglePrompt, hasher: MediaHasher | None) -> dict[str, list[Me
     bind = scope is not None and scope.policy.bind_content
     if bind:
         _check_bindable(prompt)
-    # In the order the caller gave the modalities, as rendered_uuids and to_vllm give them.
-    data, uuids = plain_map(prompt.multi_modal_data), plain_map(prompt.multi_modal_uuids)
     keys: dict[str, list[MediaKey | None]] = {}
-    for modality, items in data.items():
-        given = uuids.get(modality)
+    for modality, items, given in prompt._view:
+        if items is None:  # UUIDs of items not sent this time (cached only), as vLLM allows
+            keys[modality] = [None if u is None else MediaKey(u, KeyOrigin.USER, scope) for u in given or ()]
+            continue
         row: list[MediaKey | None] = []
         for i, item in enumerate(items):
             uuid = None if given is None else given[i]
@@ -188,9 +186,6 @@ def _keys(prompt: SinglePrompt, hasher: MediaHasher | None) -> dict[str, list[Me
             else:
                 row.append(MediaKey(hasher.content_key(modality, item), KeyOrigin.CONTENT, scope))
         keys[modality] = row
-    for modality, given in uuids.items():
-        if modality not in data:  # UUIDs of items not sent this time (cached only), as vLLM allows
-            keys[modality] = [None if u is None else MediaKey(u, KeyOrigin.USER, scope) for u in given]
     return keys
 
 
@@ -213,17 +208,17 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
     item's key rendered with its scope.
     """
     scope = prompt.scope
-    uuids = plain_map(prompt.multi_modal_uuids)
     if scope is None:
-        return {m: list(u) for m, u in uuids.items()} if uuids else None
+        callers = plain_map(prompt.multi_modal_uuids)
+        return {m: list(u) for m, u in callers.items()} if callers else None
     # Keys rendered from UUIDs alone depend on the fields a template shares with its
     # scoped copies, and on the scope: they are rendered once per template and scope.
-    memo = prompt._memo
-    known = memo.get(id(scope))
-    if known is not None and known[0] is scope:
-        return {m: list(keys) for m, keys in known[1]}
-    data = plain_map(prompt.multi_modal_data)
-    if not data and not uuids:
+    if prompt.multi_modal_uuids is not _EMPTY:  # else all are content keys: never memoized
+        known = prompt._memo.get(id(scope))
+        if known is not None and known[0] is scope:
+            return {m: list(keys) for m, keys in known[1]}
+    view = prompt._view
+    if not view:
         return None
     # MediaKey.render() for every item, as strings, without building the key objects.
     rendering = _RENDERINGS.get(id(scope))
@@ -236,13 +231,15 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
         _check_bindable(prompt)
     rendered: dict[str, list[str | None]] = {}
     by_uuid_alone = not bind
-    for modality, items in data.items():
-        given = uuids.get(modality)
+    for modality, items, given in view:
         if given is None:
             by_uuid_alone = False
             rendered[modality] = [
-                None if item is None else content + content_key(modality, item) for item in items
+                None if item is None else content + content_key(modality, item)
+                for item in items  # type: ignore[union-attr]  # rows without items have UUIDs
             ]
+        elif items is None:  # cached-only items (binding refused them above)
+            rendered[modality] = [None if u is None else user + u for u in given]
         elif bind:
             rendered[modality] = [
                 f"{user}bound:{hasher.fingerprint(modality, item)}:{uuid}"
@@ -261,11 +258,8 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
                 else (None if item is None else content + content_key(modality, item))
                 for uuid, item in zip(given, items, strict=True)
             ]
-    if uuids and not uuids.keys() <= data.keys():
-        for modality, given in uuids.items():
-            if modality not in data:  # cached-only items, as in _keys (binding refused them above)
-                rendered[modality] = [None if u is None else user + u for u in given]
     if by_uuid_alone:
+        memo = prompt._memo
         if len(memo) >= _MAX_MEMO:
             memo.clear()
         memo[id(scope)] = (scope, tuple((m, tuple(keys)) for m, keys in rendered.items()))

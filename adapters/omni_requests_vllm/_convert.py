@@ -22,7 +22,7 @@ from omni_requests import (
     rendered_uuids,
 )
 from omni_requests._errors import type_name
-from omni_requests._media import plain_map, thaw
+from omni_requests._media import thaw
 
 __all__ = ["VllmPrompt", "from_vllm", "to_vllm"]
 
@@ -114,7 +114,7 @@ def _layout(prompt: SinglePrompt, plan: _Plan) -> _Layout | tuple[str]:
     """The values that go out as they are, or a marker: some value is a container, thawed each call."""
     name, options, read_options, _ = plan
     main = getattr(prompt, name)
-    data = tuple((m, tuple(items)) for m, items in plain_map(prompt.multi_modal_data).items())
+    data = tuple((m, items) for m, items, _ in prompt._view if items is not None)
     given = tuple((n, v) for n, v in zip(options, read_options(prompt), strict=True) if v is not None)
     values = [main, *(v for _, v in given), *(item for _, items in data for item in items)]
     if any(type(value) not in _AS_IS for value in values):
@@ -126,10 +126,10 @@ def _thawed(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
     main, options, read_options, unset = plan
     value = getattr(prompt, main)
     out: VllmPrompt = {main: value if type(value) in _AS_IS else thaw(value)}
-    data = plain_map(prompt.multi_modal_data)
+    data = [(m, items) for m, items, _ in prompt._view if items is not None]
     if data:
         out["multi_modal_data"] = {
-            m: [item if type(item) in _AS_IS else thaw(item) for item in items] for m, items in data.items()
+            m: [item if type(item) in _AS_IS else thaw(item) for item in items] for m, items in data
         }
     uuids = rendered_uuids(prompt)
     if uuids is not None:
