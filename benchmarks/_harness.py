@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import random
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -44,11 +45,12 @@ def no_gc() -> Iterator[None]:
 def compare(
     candidates: dict[str, Callable[[], object]], *, repeat: int, number: int = 1, warmup: int = 1
 ) -> dict[str, Timing]:
-    """Time every candidate ``repeat`` times, interleaved and in rotating order.
+    """Time every candidate ``repeat`` times, interleaved, in a shuffled order each round.
 
     Each sample is the mean of ``number`` back-to-back calls (raise it for microsecond
     work, so the timer's own cost does not count). Interleaving puts every candidate
-    under the same noise; the rotation keeps any one from always running first.
+    under the same noise; the shuffle keeps any one from always running first, or
+    always after the same other one.
     """
     names = list(candidates)
     timings = {name: Timing() for name in names}
@@ -58,8 +60,12 @@ def compare(
     clock = time.perf_counter
     with no_gc():
         for round_ in range(repeat):
-            shift = round_ % len(names)
-            for name in names[shift:] + names[:shift]:
+            # A new order each round (seeded, so runs repeat): what runs before a candidate
+            # changes its timing (a thread pool still awake, caches flushed), so no
+            # candidate may always follow the same one, as a plain rotation would make it.
+            order = names[:]
+            random.Random(round_).shuffle(order)
+            for name in order:
                 call = candidates[name]
                 start = clock()
                 for _ in range(number):
