@@ -109,7 +109,10 @@ def freeze_media(value: object, path: str) -> object:
         if value.dtype.hasobject:
             raise PromptTypeError(path, "numpy object scalars cannot be hashed")
         return value
-    if is_torch_tensor(value) or is_pil_image(value):
+    if is_torch_tensor(value):
+        _check_hashable_tensor(value, path)
+        return value
+    if is_pil_image(value):
         return value
     if isinstance(value, memoryview):
         return value.tobytes()
@@ -126,10 +129,36 @@ def freeze_media(value: object, path: str) -> object:
     )
 
 
+def _check_hashable_tensor(tensor: Any, path: str) -> None:
+    # vLLM hashes a bfloat16 tensor through a byte view of tensor.contiguous(). A tensor of
+    # one element counts as contiguous whatever its stride, keeps that stride, and the
+    # view fails: vLLM has no key for it, so refuse it here, with our error, not torch's.
+    if tensor.numel() != 1 or str(tensor.dtype) != "torch.bfloat16":
+        return
+    try:
+        tensor.detach().cpu().contiguous().view((1,)).view(_torch_uint8())
+    except RuntimeError:
+        raise PromptTypeError(
+            path,
+            f"a one-element bfloat16 tensor with stride {tuple(tensor.stride())} has no key "
+            "(vLLM's hasher cannot view its bytes); pass tensor.clone(memory_format=torch.contiguous_format)",
+        ) from None
+
+
+def _torch_uint8() -> Any:
+    return sys.modules["torch"].uint8  # a tensor exists, so torch is imported already
+
+
 def freeze_option(value: object, path: str) -> object:
-    """Freeze an option value (processor kwargs, stage payloads): any value, containers frozen."""
+    """Freeze an option value (processor kwargs, stage payloads): any value, containers frozen.
+
+    A bytearray or memoryview becomes ``bytes`` (a copy): the caller could write through
+    either, and a memoryview cannot be pickled. Other objects are kept as given.
+    """
     if isinstance(value, np.ndarray):
         return readonly_view(value)
+    if isinstance(value, (bytearray, memoryview)):
+        return bytes(value)
     if isinstance(value, tuple):
         return tuple(freeze_option(v, f"{path}[{i}]") for i, v in enumerate(value))
     if isinstance(value, (list, PVector)):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import attrs
 import numpy as np
 import pytest
@@ -97,6 +99,19 @@ def test_additional_information_cannot_reach_the_caller() -> None:
     info["global_request_id"] = "r1"
     info["lists"].append(3)  # type: ignore[attr-defined]
     assert dict(p.additional_information or {}) == {"speaker": "a", "lists": pvector([1, 2])}
+
+
+def test_writable_buffers_in_options_are_copied_to_bytes() -> None:
+    blob, raw = bytearray(b"abc"), bytearray(b"xyz")
+    p = TextPrompt(
+        prompt="x",
+        mm_processor_kwargs={"blob": blob},
+        additional_information={"raw": memoryview(raw), "nested": [memoryview(raw)[1:]]},
+    )
+    blob[0], raw[0] = ord("A"), ord("X")
+    assert p.mm_processor_kwargs == {"blob": b"abc"}
+    assert p.additional_information == {"raw": b"xyz", "nested": pvector([b"yz"])}
+    assert pickle.loads(pickle.dumps(p)) == p  # a memoryview would not pickle
 
 
 def test_evolve_accepts_plain_values_and_checks_them() -> None:
@@ -253,3 +268,18 @@ def test_ints_beyond_64_bits_in_media_are_refused() -> None:
     TextPrompt(
         prompt="x", multi_modal_data={"video": (np.zeros((1, 2, 2, 3), np.uint8), {"n": (1 << 64) - 1})}
     )
+
+
+def test_a_tensor_no_engine_can_key_is_refused_with_our_error() -> None:
+    # vLLM's hasher fails (a torch RuntimeError) on a one-element bfloat16 tensor with a
+    # stride other than 1; the record refuses it up front, naming where it was.
+    torch = pytest.importorskip("torch")
+    strided = torch.zeros((2, 3), dtype=torch.bfloat16)[::2, ::3]
+    with pytest.raises(PromptTypeError, match=r"stride \(6, 3\).*contiguous_format") as caught:
+        TextPrompt(
+            prompt="x", multi_modal_data={"audio": [(np.zeros(4, np.float32), 16000), (strided, 16000)]}
+        )
+    assert caught.value.path == "$.multi_modal_data.audio[1][0]"
+    fixed = strided.clone(memory_format=torch.contiguous_format)  # what the message advises
+    for fine in (fixed, torch.zeros(4, dtype=torch.bfloat16)[::2], torch.zeros(2)[::2]):
+        TextPrompt(prompt="x", multi_modal_data={"image": [fine]})
