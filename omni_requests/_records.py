@@ -577,7 +577,7 @@ def replace_fields(record: Any, **changes: Any) -> Any:
 
 
 _COPIERS: dict[tuple[type[Any], tuple[str, ...]], Callable[..., Any]] = {}
-# Copies that change only these fields keep the original's memo (see _Prompt._memo).
+# Copies that change only these fields keep the original's memo (see _Derived).
 _SHARES_MEMO: Final = frozenset({"scope"})
 
 
@@ -603,7 +603,9 @@ def field_copier(kind: type[Any], names: tuple[str, ...]) -> Callable[..., Any]:
         namespace["_set_memo"] = _Derived.__dict__["_memo"].__set__
         namespace["_set_view"] = _Derived.__dict__["_view"].__set__
         namespace["_view_of"] = _view_of
-        # Only the scope changes: memo entries depend on the other fields or the scope.
+        # A copy that changes only the scope shares the memo (its entries depend on the
+        # other fields or on the scope); any other starts a fresh one. The view goes with
+        # the media.
         lines.append(f"    _set_memo(new, {'record._memo' if set(names) <= _SHARES_MEMO else '{}'})")
         media_kept = not set(names) & {"multi_modal_data", "multi_modal_uuids"}
         lines.append(f"    _set_view(new, {'record._view' if media_kept else '_view_of(new)'})")

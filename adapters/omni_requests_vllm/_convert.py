@@ -22,7 +22,7 @@ from omni_requests import (
     rendered_uuids,
 )
 from omni_requests._errors import type_name
-from omni_requests._media import thaw
+from omni_requests._media import is_pil_image, is_torch_tensor, thaw
 
 __all__ = ["VllmPrompt", "from_vllm", "to_vllm"]
 
@@ -86,8 +86,8 @@ def to_vllm(prompt: Prompt) -> VllmPrompt:
 
 def _single_to_vllm(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
     # Everything but the keys depends only on fields a template shares with its scoped
-    # copies, so it is laid out once per template (see _Prompt._memo); the dict, lists
-    # and maps handed out are still new each call.
+    # copies, so it is laid out once per template (see omni_requests._records._Derived);
+    # the dict, lists and maps handed out are still new each call.
     layout: Any = prompt._memo.get(_LAYOUT)
     if layout is None:
         layout = prompt._memo[_LAYOUT] = _layout(prompt, plan)
@@ -117,7 +117,8 @@ def _layout(prompt: SinglePrompt, plan: _Plan) -> _Layout | tuple[str]:
     data = tuple((m, items) for m, items, _ in prompt._view if items is not None)
     given = tuple((n, v) for n, v in zip(options, read_options(prompt), strict=True) if v is not None)
     values = [main, *(v for _, v in given), *(item for _, items in data for item in items)]
-    if any(type(value) not in _AS_IS for value in values):
+    # thaw() hands tensors and images on as they are too; anything else is a container.
+    if not all(type(v) in _AS_IS or is_torch_tensor(v) or is_pil_image(v) for v in values):
         return _THAW_EACH_TIME
     return main, data, given
 

@@ -11,6 +11,7 @@ import pickle
 import attrs
 import numpy as np
 import pytest
+from PIL import Image
 
 from omni_requests import (
     EncoderDecoderPrompt,
@@ -192,3 +193,14 @@ def test_a_subclass_of_a_record_converts_as_its_kind() -> None:
         tag: str = "t"
 
     assert to_vllm(Tagged(prompt="hi", cache_salt="s")) == {"prompt": "hi", "cache_salt": "s"}
+
+
+def test_images_and_tensors_go_out_as_the_records_own_in_new_lists(hasher: MediaHasher) -> None:
+    torch = pytest.importorskip("torch")
+    image, embeds = Image.new("RGB", (2, 2)), torch.zeros(2, 4)
+    template = TextPrompt(prompt="x", multi_modal_data={"image": image, "audio": [embeds[0]]})
+    first, second = (to_vllm(scope_to_replica(template, 0, hasher=hasher)) for _ in range(2))
+    assert first["multi_modal_data"]["image"][0] is second["multi_modal_data"]["image"][0] is image
+    assert first["multi_modal_data"]["audio"][0] is template.multi_modal_data["audio"][0]
+    assert first["multi_modal_data"]["image"] is not second["multi_modal_data"]["image"]
+    assert first["multi_modal_uuids"] == second["multi_modal_uuids"]
