@@ -55,7 +55,7 @@ def make_workload(requests: int, media: int, zipf: float, seed: int) -> list[Tex
     counts = rng.choice(list(MEDIA_PER_REQUEST), size=requests, p=list(MEDIA_PER_REQUEST.values()))
     prompts = []
     for n in counts:
-        chosen = rng.choice(media, size=int(n), replace=False, p=weights) if n else []
+        chosen = rng.choice(media, size=int(n), replace=False, p=weights) if n else np.empty(0, np.int64)
         data = {"image": [catalogue[i] for i in chosen]} if n else None
         prompts.append(TextPrompt(prompt="<image> " * int(n) + "describe", multi_modal_data=data))
     return prompts
