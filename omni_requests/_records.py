@@ -116,8 +116,29 @@ def _convert_media(value: object) -> MediaData:
         # A pvector is a list of items already (a record's own); anything else is read
         # the way vLLM reads it, so single items and lists give the same record.
         items = data if isinstance(data, PVector) else _split_items(modality, data)
+        if modality == "video":
+            _check_video_items(where, items, given_as_items=isinstance(data, PVector))
         frozen[modality] = pvector(freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items))
     return frozen_map(frozen) if frozen else _EMPTY
+
+
+def _check_video_items(where: str, items: Sequence[object], *, given_as_items: bool) -> None:
+    # The engine's dict carries a modality's items in a list, and vLLM's parser reads a
+    # list of images, or of 3-D frames, as the frames of one video: such items would
+    # reach the engine as another item than the record keys.
+    if given_as_items and len(items) > 0 and all(_ndim(item) == 3 for item in items):
+        raise PromptTypeError(
+            where,
+            "items that are all 3-D arrays would reach vLLM as the frames of one video; give "
+            "each video as a 4-D array or a list of frames",
+        )
+    for i, item in enumerate(items):
+        if is_pil_image(item):
+            raise PromptTypeError(
+                f"{where}[{i}]",
+                "a single PIL image is not a video; give its frames as a list ([image] for a "
+                "one-frame video), or send it under 'image'",
+            )
 
 
 def _convert_uuids(value: object) -> MediaUUIDs:

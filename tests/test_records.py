@@ -46,6 +46,23 @@ def test_single_item_and_bare_string_uuid_equal_the_list_forms() -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "path"),
+    [
+        (Image.new("RGB", (2, 2)), "$.multi_modal_data.video[0]"),  # vLLM's parser fails on it
+        ([[Image.new("RGB", (2, 2))], Image.new("RGB", (2, 2))], "$.multi_modal_data.video[1]"),
+        (pvector([Image.new("RGB", (2, 2))]), "$.multi_modal_data.video[0]"),  # read back as frames
+        (pvector([np.zeros((2, 2, 3), np.uint8)] * 2), "$.multi_modal_data.video"),  # the same
+    ],
+)
+def test_items_the_engine_would_read_as_another_video_are_refused(value: object, path: str) -> None:
+    with pytest.raises(PromptTypeError, match="video") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"video": value})
+    assert caught.value.path == path
+    one_frame = TextPrompt(prompt="x", multi_modal_data={"video": [Image.new("RGB", (2, 2))]})
+    assert len(one_frame.multi_modal_data["video"]) == 1
+
+
+@pytest.mark.parametrize(
     ("modality", "value", "count"),
     [
         ("image", np.zeros((2, 2, 3), np.uint8), 1),  # one HWC image

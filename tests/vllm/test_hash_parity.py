@@ -33,10 +33,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from PIL import Image
 from pyrsistent import pvector
 from vllm.multimodal.hasher import MultiModalHasher
 
-from omni_requests import MediaHasher, TextPrompt
+from omni_requests import MediaHasher, PromptTypeError, TextPrompt
 from omni_requests.strategies import (
     HASH_ALGORITHMS,
     IMAGE_MODES,
@@ -101,6 +102,12 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
             hasher.key(modality, item)
         return
     assert hasher.key(modality, item) == expected
+    if modality == "video" and (isinstance(item, Image.Image) or getattr(item, "ndim", None) == 3):
+        # Records refuse a lone image or 3-D array as a video item: the engine's dict would
+        # carry it in a list, which vLLM reads as the frames of one video (test_records.py).
+        with pytest.raises(PromptTypeError, match="video"):
+            _in_a_record(modality, item)
+        return
     frozen, sent = _in_a_record(modality, item)
     assert hasher.key(modality, frozen) == expected
     assert hasher.key(modality, frozen) == expected  # again: cached where the bytes are frozen
