@@ -34,6 +34,7 @@ from omni_requests import (
     rendered_uuids,
     scope_to_replica,
 )
+from omni_requests._records import values_equal
 from omni_requests_vllm import from_vllm, to_vllm
 
 from ._inputs import FIELDS, HAS_TORCH, garbage, near_valid_dicts, prompts, snapshot
@@ -108,12 +109,18 @@ def check_record(record: Any) -> None:
     """A record that came back is whole: it converts, keys, scopes and pickles."""
     check_whole(record)
     check_pickle(record)
-    # The engine's dict reads back as the same record (records refuse video items the
-    # dict would carry as another video). A scoped record's dict carries engine-scoped
-    # UUIDs, which from_vllm refuses by design, so the unscoped one goes.
-    back = from_vllm(to_vllm(unscoped(record)))
+    # The engine's dict reads back as a record that gives the same dict (records refuse
+    # video items the dict would carry as another video), and as an equal record where
+    # the dict tells the kind: a tokens or text prompt that carries prompt_embeds reads
+    # back as an embeds prompt, by vLLM's own rule. A scoped record's dict carries
+    # engine-scoped UUIDs, which from_vllm refuses by design, so the unscoped one goes.
+    original = unscoped(record)
+    sent = to_vllm(original)
+    back = from_vllm(sent)
     check_whole(back)
-    assert back == unscoped(record)
+    assert values_equal(to_vllm(back), sent)
+    if type(back) is type(original):
+        assert back == original
     scoped = scope_to_replica(record, 1, hasher=HASHER, policy=KeyPolicy(namespaces=True))
     for part in parts_of(scoped):
         if part is not None:
