@@ -37,9 +37,16 @@ _WITH_SCOPE: Final[dict[type[Any], Callable[..., Any]]] = {
 }
 
 
-def _new_scope(stage_id: int, replica_id: int, hasher: MediaHasher, policy: KeyPolicy) -> Scope:
+def _scope(stage_id: int, replica_id: int, hasher: MediaHasher, policy: KeyPolicy) -> Scope:
     # Kept by identity (hashing a MediaHasher costs more than the lookup); the scope holds
     # its hasher and policy, so a hit whose objects are these very ones is the right scope.
+    scope = _SCOPES.get((stage_id, replica_id, id(hasher), id(policy)))
+    if scope is None or scope.hasher is not hasher or scope.policy is not policy:
+        scope = _new_scope(stage_id, replica_id, hasher, policy)
+    return scope
+
+
+def _new_scope(stage_id: int, replica_id: int, hasher: MediaHasher, policy: KeyPolicy) -> Scope:
     scope = Scope(stage_id, replica_id, hasher, policy)
     if len(_SCOPES) >= _MAX_SCOPES:
         _SCOPES.clear()
@@ -109,7 +116,7 @@ def scope_to_replica(
         return prompt
     if policy.bind_content:
         _check_bindable(single)
-    scope = _SCOPES.get((stage_id, replica_id, id(hasher), id(policy)))
+    scope = _SCOPES.get((stage_id, replica_id, id(hasher), id(policy)))  # _scope(), inlined
     if scope is None or scope.hasher is not hasher or scope.policy is not policy:
         scope = _new_scope(stage_id, replica_id, hasher, policy)
     current = single.scope
@@ -138,7 +145,7 @@ def _scope_other(prompt: _P, replica_id: int, hasher: MediaHasher, stage_id: int
         return prompt
     if policy.bind_content:
         _check_bindable(prompt)
-    scope = _new_scope(stage_id, replica_id, hasher, policy)
+    scope = _scope(stage_id, replica_id, hasher, policy)
     if prompt.scope == scope:
         return prompt
     result: _P = replace_fields(prompt, scope=scope)
