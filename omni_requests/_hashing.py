@@ -5,7 +5,8 @@ its length (8 bytes, little endian) and every value by a tag (None, sequence, ma
 leaf), so distinct inputs cannot produce the same stream. Where vLLM copies (a PIL
 image through ``np.asarray``, a non-contiguous array through ``tobytes``) we feed the
 same bytes without building the intermediate objects: an image's pixels are packed and
-hashed a chunk at a time, never as one image-sized ``bytes``.
+hashed a chunk at a time, never as one image-sized ``bytes`` (a large RGB image is
+packed on the calling thread while a helper thread hashes).
 
 :meth:`MediaHasher.fingerprint` is the cheap cousin of a key: type, shape, length and a
 fixed sample of the bytes, for binding a user UUID to the item it was given for.
@@ -16,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import pickle
+import queue
 import threading
 import uuid
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
+from functools import cache, partial
 from typing import Any, Final, Literal
 
 import attrs
@@ -51,6 +54,13 @@ _EXIF_IMAGE_ID: Final = 0x800D
 
 # Image pixels are packed and hashed in chunks of about this size (fits in L2).
 _PIXEL_CHUNK: Final = 256 << 10
+# RGB images with at least this many bytes of packed pixels are packed on the calling
+# thread while a helper thread hashes (see _rgb_overlapped): encoder output per call,
+# packed bytes per handoff, and how many slots take turns.
+_OVERLAPPED_BYTES: Final = 8 << 20
+_RGBX_CHUNK: Final = 256 << 10
+_SLOT_BYTES: Final = 512 << 10
+_SLOTS: Final = 3
 # Image modes whose packed pixels are known to be what ``np.asarray(image)`` holds (tested).
 _STREAMED_MODES: Final = frozenset(
     {
@@ -170,7 +180,7 @@ def _pil_image(update: _Update, image: Any) -> None:
         return
     # vLLM hashes np.asarray(image): Pillow packs the pixels into one bytes object that
     # numpy wraps. We feed the same bytes packed a chunk at a time, with no image copy.
-    dtype, shape, nbytes, chunks = _pixels(image)
+    dtype, shape, nbytes, feed = _pixels(image)
     entries: list[tuple[str, object]] = [("mode", image.mode), ("data", None)]
     palette = image.palette
     if palette is not None:
@@ -196,25 +206,33 @@ def _pil_image(update: _Update, image: Any) -> None:
         _framed(update, b"data")
         update(_TAG_LEAF)
         update(_length(nbytes))
-        fed = 0
-        for chunk in chunks:
-            update(chunk)
-            fed += len(chunk)
+        fed = feed(update)
         if fed != nbytes:  # a Pillow whose packing we do not know; never return a wrong key
             raise RuntimeError(f"packed {fed} bytes of {image.mode} pixels, expected {nbytes}")
 
 
-def _pixels(image: Any) -> tuple[str, tuple[int, ...], int, Iterable[bytes]]:
-    """dtype string, shape, byte count and bytes of ``np.asarray(image)``, packed lazily."""
+def _pixels(image: Any) -> tuple[str, tuple[int, ...], int, Callable[[_Update], int]]:
+    """dtype string, shape and byte count of ``np.asarray(image)``, and a feeder of its bytes.
+
+    The feeder passes the bytes to ``update`` and returns how many it passed.
+    """
     streamed = _streamed_pixels(image) if image.mode in _STREAMED_MODES else None
     if streamed is not None:
         return streamed
     interface = image.__array_interface__
     data: bytes = interface["data"]
-    return np.dtype(interface["typestr"]).str, tuple(interface["shape"]), len(data), (data,)
+    return np.dtype(interface["typestr"]).str, tuple(interface["shape"]), len(data), partial(_fed, (data,))
 
 
-def _streamed_pixels(image: Any) -> tuple[str, tuple[int, ...], int, Iterable[bytes]] | None:
+def _fed(chunks: Iterable[bytes], update: _Update) -> int:
+    fed = 0
+    for chunk in chunks:
+        update(chunk)
+        fed += len(chunk)
+    return fed
+
+
+def _streamed_pixels(image: Any) -> tuple[str, tuple[int, ...], int, Callable[[_Update], int]] | None:
     from PIL import Image, ImageMode  # an image exists, so Pillow is imported already
 
     try:
@@ -225,11 +243,14 @@ def _streamed_pixels(image: Any) -> tuple[str, tuple[int, ...], int, Iterable[by
         width, height = image.size
         bands = len(descriptor.bands)
         shape = (height, width) if bands == 1 else (height, width, bands)
+        nbytes = width * height * max(bands, 1) * dtype.itemsize
+        if image.mode == "RGB" and nbytes >= _OVERLAPPED_BYTES and _overlapping_stores_pack():
+            rgbx = Image._getencoder("RGB", "raw", "RGBX")  # whole 4-byte pixels: a memcpy
+            return dtype.str, shape, nbytes, partial(_rgb_overlapped, image, rgbx)
         encoder = Image._getencoder(image.mode, "raw", "L" if image.mode == "1" else image.mode)
     except (AttributeError, KeyError, OSError, TypeError, ValueError):
         return None  # an unfamiliar Pillow: take the copying road
-    nbytes = width * height * max(bands, 1) * dtype.itemsize
-    return dtype.str, shape, nbytes, _packed(image, encoder, nbytes)
+    return dtype.str, shape, nbytes, partial(_fed, _packed(image, encoder, nbytes))
 
 
 def _packed(image: Any, encoder: Any, nbytes: int) -> Iterator[bytes]:
@@ -247,6 +268,84 @@ def _packed(image: Any, encoder: Any, nbytes: int) -> Iterator[bytes]:
         encoder.cleanup()
     if status < 0:
         raise RuntimeError(f"encoder error {status} while packing {image.mode} pixels")
+
+
+def _rgb_overlapped(image: Any, encoder: Any, update: _Update) -> int:
+    """Feed a large RGB image's packed pixels to ``update`` on a helper thread, packing as it hashes.
+
+    Pillow's RGB packer holds the GIL, so hashing on another thread would wait for it.
+    Instead ``encoder`` (Pillow's raw RGBX encoder) copies whole lines of its 4-byte
+    pixels out, and numpy, which lets go of the GIL, packs them into one of a few slots;
+    the helper hashes a full slot (blake3 and hashlib let go of the GIL too) while this
+    thread fills the next.
+    """
+    width, height = image.size
+    line_bytes = width * 4
+    lines = max(_RGBX_CHUNK // line_bytes, 1)  # lines per encoder call
+    slot_pixels = lines * width * max(_SLOT_BYTES // (lines * width * 3), 1)
+    free: queue.SimpleQueue[np.ndarray[Any, Any] | None] = queue.SimpleQueue()
+    full: queue.SimpleQueue[tuple[np.ndarray[Any, Any], int] | None] = queue.SimpleQueue()
+    for _ in range(_SLOTS):
+        free.put(np.empty(slot_pixels * 3 + 1, np.uint8))  # +1: the last store writes 4 bytes
+    failures: list[BaseException] = []
+
+    def hash_slots() -> None:
+        try:
+            while (packed := full.get()) is not None:
+                slot, size = packed
+                update(slot[:size].data)
+                free.put(slot)
+        except BaseException as exc:  # noqa: BLE001 - handed to the packing thread, which raises it
+            failures.append(exc)
+            free.put(None)
+
+    hasher_thread = threading.Thread(target=hash_slots, name="omni-requests image hashing", daemon=True)
+    hasher_thread.start()
+    fed = status = 0
+    try:
+        encoder.setimage(image.im, (0, 0, width, height))
+        while not status:
+            slot = free.get()
+            if slot is None:
+                break
+            filled = 0
+            while not status and filled < slot_pixels:
+                _, status, chunk = encoder.encode(lines * line_bytes)
+                _pack_rgbx(slot, filled, chunk)
+                filled += len(chunk) // 4
+            full.put((slot, filled * 3))
+            fed += filled * 3
+    finally:
+        full.put(None)
+        hasher_thread.join()
+        encoder.cleanup()
+    if failures:
+        raise failures[0]
+    if status < 0:
+        raise RuntimeError(f"encoder error {status} while packing RGB pixels")
+    return fed
+
+
+def _pack_rgbx(out: np.ndarray[Any, Any], at: int, rgbx: bytes) -> None:
+    """Write the RGB of each 4-byte pixel in ``rgbx`` into ``out`` from pixel ``at`` on.
+
+    Each pixel is stored whole, 4 bytes, 3 bytes after the previous one: in ascending
+    order every store's fourth byte is overwritten by the next pixel's first, leaving
+    the packed RGB (and one spare byte at the end). A single copy, 7x faster than
+    numpy's 3-byte field copy; :func:`_overlapping_stores_pack` checks numpy keeps that order.
+    """
+    count = len(rgbx) // 4
+    stores = np.ndarray((count,), np.uint32, out, at * 3, (3,))
+    np.copyto(stores, np.frombuffer(rgbx, np.uint32))
+
+
+@cache
+def _overlapping_stores_pack() -> bool:
+    """Whether :func:`_pack_rgbx` packs as Pillow does on this numpy (checked once)."""
+    rgbx = (np.arange(4 * 4099) * 7 % 251).astype(np.uint8)
+    out = np.empty(4099 * 3 + 1, np.uint8)
+    _pack_rgbx(out, 0, rgbx.tobytes())
+    return bool(np.array_equal(out[:-1], rgbx.reshape(-1, 4)[:, :3].reshape(-1)))
 
 
 _EXIF_ORIENTATION: Final = 0x0112
@@ -456,6 +555,11 @@ class MediaHasher:
 
     Keys of items whose bytes cannot change (read-only arrays, and tuples or lists of
     them, as records store them) are computed once and reused.
+
+    Large items use more than the calling thread; the digest is the same either way.
+    From 8 MiB of bytes blake3 hashes with all cores, and an RGB PIL image of 8 MiB of
+    pixels or more is packed on the calling thread while a short-lived helper thread
+    hashes what is packed.
     """
 
     model_id: str = attrs.field(validator=_check_model_id)

@@ -21,3 +21,16 @@ def hasher() -> MediaHasher:
 def video(seed: int, frames: int = 3, side: int = 8) -> np.ndarray:
     """A small random uint8 video, distinct per seed."""
     return np.random.default_rng(seed).integers(0, 256, (frames, side, side, 3), dtype=np.uint8)
+
+
+def record_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, argument: int) -> list[object]:
+    """Wrap ``owner.name`` so every call still runs and its positional ``argument`` is recorded."""
+    seen: list[object] = []
+    real = getattr(owner, name)
+
+    def recording(*args: object) -> object:
+        seen.append(args[argument])
+        return real(*args)
+
+    monkeypatch.setattr(owner, name, recording)
+    return seen

@@ -183,3 +183,20 @@ def test_the_oracle_catches_a_changed_template(oracle: Oracle) -> None:
     caller_array[0, 0, 0, 0] ^= 1
     with pytest.raises(AssertionError):
         oracle.check()
+
+
+def test_large_images_hashed_from_many_threads_at_once() -> None:
+    # From 8 MiB of pixels an RGB image is packed by its caller while a helper thread
+    # hashes; concurrent callers each have their own helper and slots.
+    from PIL import Image
+
+    images = [
+        Image.fromarray(np.random.default_rng(seed).integers(0, 256, (1401, 2001, 3), dtype=np.uint8))
+        for seed in range(4)
+    ]
+    hasher = MediaHasher("m")
+    expected = [hasher.key("image", image) for image in images]  # one at a time
+    assert len(set(expected)) == 4
+    with ThreadPoolExecutor(8) as pool:
+        keys = list(pool.map(lambda i: hasher.key("image", images[i % 4]), range(32)))
+    assert keys == [expected[i % 4] for i in range(32)]

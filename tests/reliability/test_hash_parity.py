@@ -1,14 +1,17 @@
 """The fast hashing roads give the digests of the slow ones, and of vLLM, bit for bit.
 
-Two shortcuts in MediaHasher: plain contiguous arrays reuse their framing bytes, and
-PIL images are packed and hashed a chunk at a time instead of through one image-sized
-``bytes`` (vLLM's ``np.asarray(image)``). Each is checked against our own generic road
-(always) and against vLLM's MultiModalHasher (tests marked ``vllm``).
+Three shortcuts in MediaHasher: plain contiguous arrays reuse their framing bytes, PIL
+images are packed and hashed a chunk at a time instead of through one image-sized
+``bytes`` (vLLM's ``np.asarray(image)``), and large RGB images are packed by numpy while
+a helper thread hashes. Each is checked against our own copying road (always) and
+against vLLM's MultiModalHasher (tests marked ``vllm``).
 """
 
 from __future__ import annotations
 
+import threading
 import uuid
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -17,6 +20,8 @@ from PIL import Image
 
 from omni_requests import MediaHasher
 from omni_requests import _hashing as hashing
+
+from ..conftest import record_calls
 
 DTYPES = [
     "uint8",
@@ -36,6 +41,7 @@ DTYPES = [
 SHAPES = [(1,), (7,), (3, 5), (2, 3, 4), (0, 3), (1, 1, 1, 1)]
 MODES = sorted(hashing._STREAMED_MODES)
 SIZES = [(1, 1), (5, 3), (0, 4), (4, 0), (257, 129), (3000, 90)]
+LARGE = (2001, 1401)  # 8.4 MB of RGB pixels: packed while a helper thread hashes
 
 
 class _Sub(np.ndarray):  # type: ignore[type-arg]
@@ -92,8 +98,11 @@ def test_streamed_images_hash_like_the_copying_road(
     assert hasher.key("image", image) == streamed
 
 
-def test_an_unfamiliar_pillow_takes_the_copying_road(monkeypatch: pytest.MonkeyPatch) -> None:
-    image = _image("RGB", (40, 30))
+@pytest.mark.parametrize("size", [(40, 30), LARGE], ids=str)
+def test_an_unfamiliar_pillow_takes_the_copying_road(
+    size: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image = _image("RGB", size)
     assert hashing._streamed_pixels(image) is not None
 
     def missing(*_: object) -> None:
@@ -105,11 +114,93 @@ def test_an_unfamiliar_pillow_takes_the_copying_road(monkeypatch: pytest.MonkeyP
 
 def test_a_packing_surprise_raises_instead_of_returning_a_wrong_key(monkeypatch: pytest.MonkeyPatch) -> None:
     def short(image: Any) -> Any:
-        return "|u1", (1, 1), 5, [b"abc"]
+        return "|u1", (1, 1), 5, partial(hashing._fed, [b"abc"])
 
     monkeypatch.setattr(hashing, "_pixels", short)
     with pytest.raises(RuntimeError, match="packed 3 bytes"):
         MediaHasher("/m").key("image", _image("RGB", (1, 1)))
+
+
+# -- large RGB images: packed on the calling thread while a helper thread hashes --
+
+
+def _copying_road_key(hasher: MediaHasher, image: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The key through Pillow's own ``tobytes()``: the bytes vLLM hashes, no packer of ours."""
+    with monkeypatch.context() as patch:
+        patch.setattr(hashing, "_STREAMED_MODES", frozenset())
+        return hasher.key("image", image)
+
+
+@pytest.fixture
+def overlapped(monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The images that took the helper-thread road."""
+    return record_calls(monkeypatch, hashing, "_rgb_overlapped", 0)
+
+
+@pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
+@pytest.mark.parametrize("size", [LARGE, (70_001, 41)], ids=str)  # then a line longer than a chunk
+def test_large_rgb_images_hash_like_the_copying_road(
+    algorithm: Any, size: tuple[int, int], overlapped: list[object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert size[0] * size[1] * 3 >= hashing._OVERLAPPED_BYTES
+    hasher = MediaHasher("/m", algorithm)
+    image = _image("RGB", size)
+    key = hasher.key("image", image)
+    assert overlapped == [image]
+    assert key == _copying_road_key(hasher, image, monkeypatch)
+
+
+def test_overlapping_stores_pack_rgbx_as_pillow_packs_rgb() -> None:
+    image = _image("RGB", (7, 5))
+    out = np.zeros(7 * 5 * 3 + 1, np.uint8)
+    hashing._pack_rgbx(out, 0, image.tobytes("raw", "RGBX"))
+    assert out[:-1].tobytes() == image.tobytes()
+    assert hashing._overlapping_stores_pack()
+
+
+def test_where_stores_would_not_pack_pillows_packer_is_used(
+    overlapped: list[object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hasher = MediaHasher("/m")
+    image = _image("RGB", LARGE)
+    monkeypatch.setattr(hashing, "_overlapping_stores_pack", lambda: False)
+    assert hasher.key("image", image) == _copying_road_key(hasher, image, monkeypatch)
+    assert overlapped == []
+
+
+def test_a_failing_digest_update_reaches_the_caller_and_ends_the_helper() -> None:
+    feed = hashing._pixels(_image("RGB", LARGE))[3]
+    seen: list[int] = []
+
+    def update(chunk: Any) -> None:
+        seen.append(len(chunk))
+        if len(seen) == 3:
+            raise OSError("digest failed")
+
+    before = threading.active_count()
+    with pytest.raises(OSError, match="digest failed"):
+        feed(update)
+    assert threading.active_count() == before
+    assert len(seen) == 3  # nothing hashed after the failure
+
+
+def test_a_failure_while_packing_reaches_the_caller_and_ends_the_helper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    packed: list[int] = []
+    real = hashing._pack_rgbx
+
+    def failing(out: Any, at: int, rgbx: bytes) -> None:
+        if len(packed) == 5:
+            raise MemoryError("no room")
+        packed.append(at)
+        real(out, at, rgbx)
+
+    monkeypatch.setattr(hashing, "_pack_rgbx", failing)
+    before = threading.active_count()
+    with pytest.raises(MemoryError, match="no room"):
+        MediaHasher("/m").key("image", _image("RGB", LARGE))
+    assert threading.active_count() == before
 
 
 # -- against vLLM itself --
