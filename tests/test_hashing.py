@@ -13,7 +13,7 @@ from blake3 import blake3
 
 from omni_requests import InvalidPromptError, MediaHasher, PromptTypeError, TextPrompt, _hashing
 
-from .conftest import video
+from .conftest import record_calls, video
 
 
 def _framed(chunk: bytes) -> bytes:
@@ -96,15 +96,7 @@ def test_dtype_and_shape_are_part_of_the_key(hasher: MediaHasher) -> None:
 @pytest.fixture
 def digests(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """Records every real digest computation (cache misses)."""
-    seen: list[object] = []
-    compute = MediaHasher._digest
-
-    def counting(self: MediaHasher, modality: str, item: object) -> str:
-        seen.append(item)
-        return compute(self, modality, item)
-
-    monkeypatch.setattr(MediaHasher, "_digest", counting)
-    return seen
+    return record_calls(monkeypatch, MediaHasher, "_digest", 2)
 
 
 def test_read_only_items_are_hashed_once(hasher: MediaHasher, digests: list[object]) -> None:

@@ -28,7 +28,7 @@ from omni_requests import (
 )
 from omni_requests_vllm import from_vllm, to_vllm
 
-from .conftest import video
+from .conftest import record_calls, video
 
 ALL_POLICIES = [
     KeyPolicy(namespaces=n, tenant=t, tenant_content=tc, bind_content=b)
@@ -349,14 +349,7 @@ def test_fingerprints_of_frozen_items_are_computed_once(
 ) -> None:
     item = _image(9, side=64)
     item.flags.writeable = False
-    calls: list[object] = []
-    original = MediaHasher._fingerprint
-
-    def counting(self: MediaHasher, modality: str, value: object) -> str:
-        calls.append(value)
-        return original(self, modality, value)
-
-    monkeypatch.setattr(MediaHasher, "_fingerprint", counting)
+    calls = record_calls(monkeypatch, MediaHasher, "_fingerprint", 2)
     first = hasher.fingerprint("image", item)
     assert [hasher.fingerprint("image", item) for _ in range(3)] == [first] * 3
     assert len(calls) == 1
