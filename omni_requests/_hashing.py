@@ -522,6 +522,7 @@ _ARRAY_FRAMES: dict[tuple[str, str, str, tuple[int, ...]], tuple[bytes, bytes]] 
 # An array's header in the stream (see _ndarray), per (dtype, shape); bounded the same way.
 _NDARRAY_HEADERS: dict[tuple[str, tuple[int, ...]], bytes] = {}
 _MAX_ARRAY_FRAMES: Final = 1024
+_UINT8: Final = np.dtype(np.uint8)
 
 
 def _check_model_id(_: object, attribute: attrs.Attribute[str], value: object) -> None:
@@ -651,7 +652,8 @@ class MediaHasher:
         shape; walking it costs about 8 us a call (30 small updates), so it is built by
         the generic walk once per such combination and reused.
         """
-        data = array.reshape(-1).view(np.uint8).data
+        # blake3 takes a uint8 array as it is; other dtypes through a byte view (0.4 us more).
+        data = array if array.dtype is _UINT8 else array.reshape(-1).view(np.uint8).data
         frame_key = (self.model_id, modality, array.dtype.str, array.shape)
         frames = _ARRAY_FRAMES.get(frame_key)
         if frames is None:
