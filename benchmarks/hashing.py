@@ -123,7 +123,7 @@ def run(quick: bool) -> list[Row]:
             assert ours.key(modality, item) == hash_kwargs("blake3", model_id=MODEL, **{modality: item})
         # Back-to-back calls per sample below 100 MB: a threaded hash of a few ms is
         # otherwise dominated by waking blake3's thread pool, whoever ran before.
-        number = 20 if nbytes < 4 * MB else 4 if nbytes < 100 * MB else 1
+        number = 20 if nbytes < 4 * MB else 16 if nbytes < 20 * MB else 4 if nbytes < 100 * MB else 1
         repeat = (5 if quick else 31) if nbytes < 100 * MB else 15
         t = compare(candidates, repeat=repeat, number=number, warmup=2)
         rows += _rows(label, nbytes, t, kind=label.split()[0])

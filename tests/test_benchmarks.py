@@ -34,3 +34,17 @@ def test_quick_run_reports_every_suite(tmp_path: Path) -> None:
     suites = {row["suite"] for row in rows}
     assert suites == {"hashing", "reuse", "overhead", "memory", "binding"}
     assert all(row["value"] for row in rows)
+
+
+@pytest.mark.parametrize("n", range(1, 10))
+def test_every_candidate_follows_every_other_equally_often(n: int) -> None:
+    from collections import Counter
+    from itertools import pairwise
+
+    from benchmarks._harness import carryover_balanced
+
+    orders = carryover_balanced(n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    followers = Counter((a, b) for order in orders for a, b in pairwise(order))
+    assert set(followers) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert len(set(followers.values())) <= 1  # each ordered pair equally often
