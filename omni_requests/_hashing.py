@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import pickle
 import queue
 import threading
@@ -271,13 +272,13 @@ def _packed(image: Any, encoder: Any, nbytes: int) -> Iterator[bytes]:
 
 
 def _rgb_overlapped(image: Any, encoder: Any, update: _Update) -> int:
-    """Feed a large RGB image's packed pixels to ``update`` on a helper thread, packing as it hashes.
+    """Feed a large RGB image's packed pixels to ``update`` from a helper thread, packing as it hashes.
 
     Pillow's RGB packer holds the GIL, so hashing on another thread would wait for it.
     Instead ``encoder`` (Pillow's raw RGBX encoder) copies whole lines of its 4-byte
     pixels out, and numpy, which lets go of the GIL, packs them into one of a few slots;
-    the helper hashes a full slot (blake3 and hashlib let go of the GIL too) while this
-    thread fills the next.
+    a helper hashes a full slot (blake3 and hashlib let go of the GIL too) while this
+    thread fills the next. Where every helper is busy, this thread hashes each slot itself.
     """
     width, height = image.size
     line_bytes = width * 4
@@ -288,6 +289,7 @@ def _rgb_overlapped(image: Any, encoder: Any, update: _Update) -> int:
     for _ in range(_SLOTS):
         free.put(np.empty(slot_pixels * 3 + 1, np.uint8))  # +1: the last store writes 4 bytes
     failures: list[BaseException] = []
+    done = threading.Event()
 
     def hash_slots() -> None:
         try:
@@ -298,9 +300,10 @@ def _rgb_overlapped(image: Any, encoder: Any, update: _Update) -> int:
         except BaseException as exc:  # noqa: BLE001 - handed to the packing thread, which raises it
             failures.append(exc)
             free.put(None)
+        finally:
+            done.set()
 
-    hasher_thread = threading.Thread(target=hash_slots, name="omni-requests image hashing", daemon=True)
-    hasher_thread.start()
+    helped = _HELPERS.run(hash_slots)
     fed = status = 0
     try:
         encoder.setimage(image.im, (0, 0, width, height))
@@ -313,17 +316,76 @@ def _rgb_overlapped(image: Any, encoder: Any, update: _Update) -> int:
                 _, status, chunk = encoder.encode(lines * line_bytes)
                 _pack_rgbx(slot, filled, chunk)
                 filled += len(chunk) // 4
-            full.put((slot, filled * 3))
+            if helped:
+                full.put((slot, filled * 3))
+            else:
+                update(slot[: filled * 3].data)
+                free.put(slot)
             fed += filled * 3
     finally:
-        full.put(None)
-        hasher_thread.join()
+        if helped:
+            full.put(None)
+            done.wait()  # the helper has fed its last slot: nothing touches ``update`` after this
         encoder.cleanup()
     if failures:
         raise failures[0]
     if status < 0:
         raise RuntimeError(f"encoder error {status} while packing RGB pixels")
     return fed
+
+
+class _Helpers:
+    """Threads that run hashing work for packing threads, kept from one call to the next.
+
+    A thread started for each image is slower to get going: 1.76x to 1.80x vLLM's hasher
+    for a 4K image against 1.85x to 1.96x with a kept helper, in the same benchmark
+    rounds on 2 vCPUs (docs/benchmarks.md). At most ``limit`` helpers exist (one per
+    usable core); they wait, idle and holding nothing, for work. A process forked from
+    this one starts with none.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._forget()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._started = 0
+
+    def run(self, work: Callable[[], None]) -> bool:
+        """Hand ``work`` (which must not raise) to an idle helper; False where none is free."""
+        with self._lock:
+            if self._idle:
+                inbox = self._idle.pop()
+            elif self._started < self._limit:
+                inbox = queue.SimpleQueue()
+                helper = threading.Thread(
+                    target=self._serve, args=(inbox,), name="omni-requests hashing", daemon=True
+                )
+                try:
+                    helper.start()
+                except RuntimeError:  # no threads to be had (a limit, or shutting down)
+                    return False
+                self._started += 1
+            else:
+                return False
+        inbox.put(work)
+        return True
+
+    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+        while True:
+            work = inbox.get()
+            work()
+            del work  # an idle helper keeps no slots, image or digest alive
+            with self._lock:
+                self._idle.append(inbox)
+
+
+_HELPERS: Final = _Helpers(
+    limit=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+)
 
 
 def _pack_rgbx(out: np.ndarray[Any, Any], at: int, rgbx: bytes) -> None:
@@ -559,8 +621,9 @@ class MediaHasher:
 
     Large items use more than the calling thread; the digest is the same either way.
     From 8 MiB of bytes blake3 hashes with all cores, and an RGB PIL image of 8 MiB of
-    pixels or more is packed on the calling thread while a short-lived helper thread
-    hashes what is packed.
+    pixels or more is packed on the calling thread while a helper thread hashes what is
+    packed. Helpers are daemon threads named ``omni-requests hashing``, at most one per
+    usable core, kept idle between calls; a caller that finds none free hashes alone.
     """
 
     model_id: str = attrs.field(validator=_check_model_id)

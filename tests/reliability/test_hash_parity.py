@@ -9,8 +9,12 @@ against vLLM's MultiModalHasher (tests marked ``vllm``).
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import threading
+import time
 import uuid
+import weakref
 from functools import partial
 from typing import Any
 
@@ -168,8 +172,24 @@ def test_where_stores_would_not_pack_pillows_packer_is_used(
     assert overlapped == []
 
 
-def test_a_failing_digest_update_reaches_the_caller_and_ends_the_helper() -> None:
-    feed = hashing._pixels(_image("RGB", LARGE))[3]
+def _helpers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "omni-requests hashing"]
+
+
+def _settles(condition: Any) -> bool:
+    """Whether ``condition()`` holds within a second (a helper goes idle just after its work)."""
+    deadline = time.monotonic() + 1
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+def test_a_failing_digest_update_reaches_the_caller_and_stops_the_hashing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    image = _image("RGB", LARGE)
     seen: list[int] = []
 
     def update(chunk: Any) -> None:
@@ -177,16 +197,18 @@ def test_a_failing_digest_update_reaches_the_caller_and_ends_the_helper() -> Non
         if len(seen) == 3:
             raise OSError("digest failed")
 
-    before = threading.active_count()
     with pytest.raises(OSError, match="digest failed"):
-        feed(update)
-    assert threading.active_count() == before
-    assert len(seen) == 3  # nothing hashed after the failure
+        hashing._pixels(image)[3](update)
+    time.sleep(0.05)
+    assert len(seen) == 3  # nothing hashed after the failure, nor after the call returned
+    hasher = MediaHasher("/m")  # and the helpers serve the next image as before
+    assert hasher.key("image", image) == _copying_road_key(hasher, image, monkeypatch)
 
 
-def test_a_failure_while_packing_reaches_the_caller_and_ends_the_helper(
+def test_a_failure_while_packing_reaches_the_caller_and_stops_the_hashing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    image = _image("RGB", LARGE)
     packed: list[int] = []
     real = hashing._pack_rgbx
 
@@ -196,11 +218,57 @@ def test_a_failure_while_packing_reaches_the_caller_and_ends_the_helper(
         packed.append(at)
         real(out, at, rgbx)
 
-    monkeypatch.setattr(hashing, "_pack_rgbx", failing)
-    before = threading.active_count()
-    with pytest.raises(MemoryError, match="no room"):
-        MediaHasher("/m").key("image", _image("RGB", LARGE))
-    assert threading.active_count() == before
+    fed: list[int] = []
+    with monkeypatch.context() as patch:
+        patch.setattr(hashing, "_pack_rgbx", failing)
+        with pytest.raises(MemoryError, match="no room"):
+            hashing._pixels(image)[3](lambda chunk: fed.append(len(chunk)))
+    count = len(fed)
+    time.sleep(0.05)
+    assert len(fed) == count  # the helper was done with this image when the call ended
+    hasher = MediaHasher("/m")
+    assert hasher.key("image", image) == _copying_road_key(hasher, image, monkeypatch)
+
+
+def test_with_every_helper_busy_the_packing_thread_hashes_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    hasher = MediaHasher("/m")
+    image = _image("RGB", LARGE)
+    monkeypatch.setattr(hashing._HELPERS, "run", lambda work: False)
+    assert hasher.key("image", image) == _copying_road_key(hasher, image, monkeypatch)
+
+
+def test_helpers_are_few_and_keep_nothing_alive() -> None:
+    image = _image("RGB", LARGE)
+
+    class Digest:
+        def update(self, chunk: Any) -> None:
+            pass
+
+    digest = Digest()
+    gone = weakref.ref(digest)
+    hashing._pixels(image)[3](digest.update)
+    del digest
+    assert _settles(lambda: gone() is None)
+    assert 1 <= len(_helpers()) <= len(os.sched_getaffinity(0))
+
+
+def _key_in_a_child(queue: Any) -> None:
+    queue.put(MediaHasher("/m").key("image", _image("RGB", LARGE)))
+
+
+def test_a_forked_child_hashes_without_its_parents_helpers() -> None:
+    hasher = MediaHasher("/m")
+    image = _image("RGB", LARGE)
+    expected = hasher.key("image", image)  # the parent's helpers exist now
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=_key_in_a_child, args=(results,))
+    child.start()
+    child.join(timeout=20)
+    if child.is_alive():
+        child.kill()
+        pytest.fail("the child hung: it waited for a helper that only exists in its parent")
+    assert results.get(timeout=5) == expected
 
 
 # -- against vLLM itself --
