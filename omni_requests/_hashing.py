@@ -289,7 +289,6 @@ def _rgb_overlapped(image: Any, encoder: Any, update: _Update) -> int:
     for _ in range(_SLOTS):
         free.put(np.empty(slot_pixels * 3 + 1, np.uint8))  # +1: the last store writes 4 bytes
     failures: list[BaseException] = []
-    done = threading.Event()
 
     def hash_slots() -> None:
         try:
@@ -300,10 +299,8 @@ def _rgb_overlapped(image: Any, encoder: Any, update: _Update) -> int:
         except BaseException as exc:  # noqa: BLE001 - handed to the packing thread, which raises it
             failures.append(exc)
             free.put(None)
-        finally:
-            done.set()
 
-    helped = _HELPERS.run(hash_slots)
+    finished = _HELPERS.run(hash_slots)
     fed = status = 0
     try:
         encoder.setimage(image.im, (0, 0, width, height))
@@ -316,22 +313,25 @@ def _rgb_overlapped(image: Any, encoder: Any, update: _Update) -> int:
                 _, status, chunk = encoder.encode(lines * line_bytes)
                 _pack_rgbx(slot, filled, chunk)
                 filled += len(chunk) // 4
-            if helped:
+            if finished is not None:
                 full.put((slot, filled * 3))
             else:
                 update(slot[: filled * 3].data)
                 free.put(slot)
             fed += filled * 3
     finally:
-        if helped:
+        if finished is not None:
             full.put(None)
-            done.wait()  # the helper has fed its last slot: nothing touches ``update`` after this
+            finished.wait()  # the helper has fed its last slot: nothing touches ``update`` after this
         encoder.cleanup()
     if failures:
         raise failures[0]
     if status < 0:
         raise RuntimeError(f"encoder error {status} while packing RGB pixels")
     return fed
+
+
+_Job = tuple[Callable[[], None], threading.Event]  # work, and the event set once it is done
 
 
 class _Helpers:
@@ -351,11 +351,15 @@ class _Helpers:
 
     def _forget(self) -> None:
         self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue[Callable[[], None]]] = []
+        self._idle: list[queue.SimpleQueue[_Job]] = []
         self._started = 0
 
-    def run(self, work: Callable[[], None]) -> bool:
-        """Hand ``work`` (which must not raise) to an idle helper; False where none is free."""
+    def run(self, work: Callable[[], None]) -> threading.Event | None:
+        """Hand ``work`` (which must not raise) to an idle helper; None where none is free.
+
+        The event is set once ``work`` has returned and its helper is idle again, so a
+        caller that waits for it finds that helper free for its next call.
+        """
         with self._lock:
             if self._idle:
                 inbox = self._idle.pop()
@@ -367,20 +371,22 @@ class _Helpers:
                 try:
                     helper.start()
                 except RuntimeError:  # no threads to be had (a limit, or shutting down)
-                    return False
+                    return None
                 self._started += 1
             else:
-                return False
-        inbox.put(work)
-        return True
+                return None
+        finished = threading.Event()
+        inbox.put((work, finished))
+        return finished
 
-    def _serve(self, inbox: queue.SimpleQueue[Callable[[], None]]) -> None:
+    def _serve(self, inbox: queue.SimpleQueue[_Job]) -> None:
         while True:
-            work = inbox.get()
+            work, finished = inbox.get()
             work()
             del work  # an idle helper keeps no slots, image or digest alive
             with self._lock:
                 self._idle.append(inbox)
+            finished.set()
 
 
 _HELPERS: Final = _Helpers(

@@ -172,10 +172,6 @@ def test_where_stores_would_not_pack_pillows_packer_is_used(
     assert overlapped == []
 
 
-def _helpers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "omni-requests hashing"]
-
-
 def _settles(condition: Any) -> bool:
     """Whether ``condition()`` holds within a second (a helper goes idle just after its work)."""
     deadline = time.monotonic() + 1
@@ -233,7 +229,7 @@ def test_a_failure_while_packing_reaches_the_caller_and_stops_the_hashing(
 def test_with_every_helper_busy_the_packing_thread_hashes_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     hasher = MediaHasher("/m")
     image = _image("RGB", LARGE)
-    monkeypatch.setattr(hashing._HELPERS, "run", lambda work: False)
+    monkeypatch.setattr(hashing._HELPERS, "run", lambda work: None)
     assert hasher.key("image", image) == _copying_road_key(hasher, image, monkeypatch)
 
 
@@ -249,7 +245,32 @@ def test_helpers_are_few_and_keep_nothing_alive() -> None:
     hashing._pixels(image)[3](digest.update)
     del digest
     assert _settles(lambda: gone() is None)
-    assert 1 <= len(_helpers()) <= len(os.sched_getaffinity(0))
+    assert 1 <= hashing._HELPERS._started <= len(os.sched_getaffinity(0))
+    assert "omni-requests hashing" in {t.name for t in threading.enumerate()}
+
+
+def test_a_caller_that_waited_for_its_helper_finds_it_free_again() -> None:
+    # Back-to-back images from one thread should always get the kept helper: the helper
+    # must be idle again before its caller wakes. Slowing the helper's way back to idle
+    # makes a caller that woke too early find no helper.
+    helpers = hashing._Helpers(limit=1)
+    caller = threading.current_thread()
+    real = helpers._lock
+
+    class SlowForHelpers:
+        def __enter__(self) -> None:
+            if threading.current_thread() is not caller:
+                time.sleep(0.02)
+            real.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            real.release()
+
+    helpers._lock = SlowForHelpers()  # type: ignore[assignment]
+    for _ in range(5):
+        finished = helpers.run(lambda: None)
+        assert finished is not None
+        finished.wait()
 
 
 def _key_in_a_child(queue: Any) -> None:
