@@ -56,11 +56,10 @@ _EXIF_IMAGE_ID: Final = 0x800D
 # Image pixels are packed and hashed in chunks of about this size (fits in L2).
 _PIXEL_CHUNK: Final = 256 << 10
 # RGB images with at least this many bytes of packed pixels are packed on the calling
-# thread while a helper thread hashes (see _rgb_overlapped): encoder output per call,
-# packed bytes per handoff, and how many slots take turns.
-_OVERLAPPED_BYTES: Final = 8 << 20
-_RGBX_CHUNK: Final = 256 << 10
-_SLOT_BYTES: Final = 512 << 10
+# thread while a helper thread hashes (see _rgb_overlapped): Pillow's 4-byte pixels
+# copied per band (packed and handed over as one slot), and how many slots take turns.
+_OVERLAPPED_BYTES: Final = 4 << 20
+_BAND_BYTES: Final = 512 << 10
 _SLOTS: Final = 3
 # Image modes whose packed pixels are known to be what ``np.asarray(image)`` holds (tested).
 _STREAMED_MODES: Final = frozenset(
@@ -245,9 +244,8 @@ def _streamed_pixels(image: Any) -> tuple[str, tuple[int, ...], int, Callable[[_
         bands = len(descriptor.bands)
         shape = (height, width) if bands == 1 else (height, width, bands)
         nbytes = width * height * max(bands, 1) * dtype.itemsize
-        if image.mode == "RGB" and nbytes >= _OVERLAPPED_BYTES and _overlapping_stores_pack():
-            rgbx = Image._getencoder("RGB", "raw", "RGBX")  # whole 4-byte pixels: a memcpy
-            return dtype.str, shape, nbytes, partial(_rgb_overlapped, image, rgbx)
+        if image.mode == "RGB" and nbytes >= _OVERLAPPED_BYTES and _band_packing_works():
+            return dtype.str, shape, nbytes, partial(_rgb_overlapped, image)
         encoder = Image._getencoder(image.mode, "raw", "L" if image.mode == "1" else image.mode)
     except (AttributeError, KeyError, OSError, TypeError, ValueError):
         return None  # an unfamiliar Pillow: take the copying road
@@ -271,23 +269,19 @@ def _packed(image: Any, encoder: Any, nbytes: int) -> Iterator[bytes]:
         raise RuntimeError(f"encoder error {status} while packing {image.mode} pixels")
 
 
-def _rgb_overlapped(image: Any, encoder: Any, update: _Update) -> int:
+def _rgb_overlapped(image: Any, update: _Update) -> int:
     """Feed a large RGB image's packed pixels to ``update`` from a helper thread, packing as it hashes.
 
-    Pillow's RGB packer holds the GIL, so hashing on another thread would wait for it.
-    Instead ``encoder`` (Pillow's raw RGBX encoder) copies whole lines of its 4-byte
-    pixels out, and numpy, which lets go of the GIL, packs them into one of a few slots;
-    a helper hashes a full slot (blake3 and hashlib let go of the GIL too) while this
-    thread fills the next. Where every helper is busy, this thread hashes each slot itself.
+    Each band of lines (:func:`_pasted_bands`) is packed into RGB by numpy in one of a
+    few slots, and a helper hashes a full slot while this thread pastes and packs the
+    next. Pillow's paste, numpy's copy, blake3 and hashlib all let go of the GIL, so the
+    two threads seldom wait for it (Pillow's RGB packer and its encoders hold it). Where
+    every helper is busy, this thread hashes each slot itself.
     """
-    width, height = image.size
-    line_bytes = width * 4
-    lines = max(_RGBX_CHUNK // line_bytes, 1)  # lines per encoder call
-    slot_pixels = lines * width * max(_SLOT_BYTES // (lines * width * 3), 1)
+    width = image.size[0]
+    rows = max(_BAND_BYTES // (width * 4), 1)
     free: queue.SimpleQueue[np.ndarray[Any, Any] | None] = queue.SimpleQueue()
     full: queue.SimpleQueue[tuple[np.ndarray[Any, Any], int] | None] = queue.SimpleQueue()
-    for _ in range(_SLOTS):
-        free.put(np.empty(slot_pixels * 3 + 1, np.uint8))  # +1: the last store writes 4 bytes
     failures: list[BaseException] = []
 
     def hash_slots() -> None:
@@ -301,34 +295,48 @@ def _rgb_overlapped(image: Any, encoder: Any, update: _Update) -> int:
             free.put(None)
 
     finished = _HELPERS.run(hash_slots)
-    fed = status = 0
+    for _ in range(_SLOTS if finished is not None else 1):
+        free.put(np.empty(rows * width * 3 + 1, np.uint8))  # +1: the last store writes 4 bytes
+    fed = 0
     try:
-        encoder.setimage(image.im, (0, 0, width, height))
-        while not status:
+        for pixels in _pasted_bands(image, rows):
             slot = free.get()
             if slot is None:
                 break
-            filled = 0
-            while not status and filled < slot_pixels:
-                _, status, chunk = encoder.encode(lines * line_bytes)
-                _pack_rgbx(slot, filled, chunk)
-                filled += len(chunk) // 4
+            _pack_rgbx(slot, pixels)
+            size = len(pixels) * 3
             if finished is not None:
-                full.put((slot, filled * 3))
+                full.put((slot, size))
             else:
-                update(slot[: filled * 3].data)
+                update(slot[:size].data)
                 free.put(slot)
-            fed += filled * 3
+            fed += size
     finally:
         if finished is not None:
             full.put(None)
             finished.wait()  # the helper has fed its last slot: nothing touches ``update`` after this
-        encoder.cleanup()
     if failures:
         raise failures[0]
-    if status < 0:
-        raise RuntimeError(f"encoder error {status} while packing RGB pixels")
     return fed
+
+
+def _pasted_bands(image: Any, rows: int) -> Iterator[np.ndarray[Any, Any]]:
+    """An RGB image's 4-byte pixels (RGB and a pad byte), ``rows`` lines at a time.
+
+    Pillow's core pastes the lines into an RGBX image that shares its memory with a
+    numpy buffer, letting go of the GIL while it copies. The band is ours alone, so it
+    is written in place (``Image.paste`` would first copy a shared, read-only image).
+    Each band is valid until the next one is pasted; the last may have fewer lines.
+    """
+    from PIL import Image  # an image exists, so Pillow is imported already
+
+    width, height = image.size
+    pixels = np.empty(rows * width, np.uint32)
+    band = Image.frombuffer("RGBX", (width, rows), pixels, "raw", "RGBX", 0, 1)
+    paste, source = band.im.paste, image.im
+    for top in range(0, height, rows):
+        paste(source, (0, -top, width, height - top))  # the image moved up by ``top``, clipped to the band
+        yield pixels[: min(rows, height - top) * width]
 
 
 _Job = tuple[Callable[[], None], threading.Event]  # work, and the event set once it is done
@@ -394,26 +402,41 @@ _HELPERS: Final = _Helpers(
 )
 
 
-def _pack_rgbx(out: np.ndarray[Any, Any], at: int, rgbx: bytes) -> None:
-    """Write the RGB of each 4-byte pixel in ``rgbx`` into ``out`` from pixel ``at`` on.
+def _pack_rgbx(out: np.ndarray[Any, Any], pixels: np.ndarray[Any, Any]) -> None:
+    """Write the RGB of each 4-byte pixel (a uint32 each) into the start of ``out``.
 
     Each pixel is stored whole, 4 bytes, 3 bytes after the previous one: in ascending
     order every store's fourth byte is overwritten by the next pixel's first, leaving
     the packed RGB (and one spare byte at the end). A single copy, 7x faster than
-    numpy's 3-byte field copy; :func:`_overlapping_stores_pack` checks numpy keeps that order.
+    numpy's 3-byte field copy; :func:`_band_packing_works` checks numpy keeps that order.
     """
-    count = len(rgbx) // 4
-    stores = np.ndarray((count,), np.uint32, out, at * 3, (3,))
-    np.copyto(stores, np.frombuffer(rgbx, np.uint32))
+    stores = np.ndarray((len(pixels),), np.uint32, out, 0, (3,))
+    np.copyto(stores, pixels)
 
 
 @cache
-def _overlapping_stores_pack() -> bool:
-    """Whether :func:`_pack_rgbx` packs as Pillow does on this numpy (checked once)."""
-    rgbx = (np.arange(4 * 4099) * 7 % 251).astype(np.uint8)
-    out = np.empty(4099 * 3 + 1, np.uint8)
-    _pack_rgbx(out, 0, rgbx.tobytes())
-    return bool(np.array_equal(out[:-1], rgbx.reshape(-1, 4)[:, :3].reshape(-1)))
+def _band_packing_works() -> bool:
+    """Whether pasted bands, packed, give Pillow's own RGB bytes with this Pillow and numpy.
+
+    Checked once, on a probe of several bands and a short last one; where it fails
+    (numpy stores in another order, a Pillow that copies instead of sharing the band's
+    memory or pastes differently), large RGB images take Pillow's packer instead.
+    """
+    from PIL import Image  # an image exists, so Pillow is imported already
+
+    width, height, rows = 2053, 7, 3
+    probe = Image.frombytes(
+        "RGB", (width, height), (np.arange(width * height * 3) * 7 % 251).astype(np.uint8).tobytes()
+    )
+    out = np.empty(rows * width * 3 + 1, np.uint8)
+    packed = []
+    try:
+        for pixels in _pasted_bands(probe, rows):
+            _pack_rgbx(out, pixels)
+            packed.append(out[: len(pixels) * 3].tobytes())
+    except Exception:  # noqa: BLE001 - any surprise from an unfamiliar Pillow: keep off this road
+        return False
+    return b"".join(packed) == probe.tobytes()
 
 
 _EXIF_ORIENTATION: Final = 0x0112
@@ -626,7 +649,7 @@ class MediaHasher:
     them, as records store them) are computed once and reused.
 
     Large items use more than the calling thread; the digest is the same either way.
-    From 8 MiB of bytes blake3 hashes with all cores, and an RGB PIL image of 8 MiB of
+    From 8 MiB of bytes blake3 hashes with all cores, and an RGB PIL image of 4 MiB of
     pixels or more is packed on the calling thread while a helper thread hashes what is
     packed. Helpers are daemon threads named ``omni-requests hashing``, at most one per
     usable core, kept idle between calls; a caller that finds none free hashes alone.

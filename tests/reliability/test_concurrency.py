@@ -188,7 +188,7 @@ def test_the_oracle_catches_a_changed_template(oracle: Oracle) -> None:
 
 
 def test_large_images_hashed_from_many_threads_at_once() -> None:
-    # From 8 MiB of pixels an RGB image is packed by its caller while a helper thread
+    # From 4 MiB of pixels an RGB image is packed by its caller while a helper thread
     # hashes; concurrent callers each have their own slots, and a helper or none.
     from PIL import Image
 

@@ -113,6 +113,7 @@ def test_an_unfamiliar_pillow_takes_the_copying_road(
         raise OSError("encoder raw not available")
 
     monkeypatch.setattr(Image, "_getencoder", missing)
+    monkeypatch.setattr(hashing, "_band_packing_works", lambda: False)
     assert hashing._streamed_pixels(image) is None
 
 
@@ -157,18 +158,47 @@ def test_large_rgb_images_hash_like_the_copying_road(
 def test_overlapping_stores_pack_rgbx_as_pillow_packs_rgb() -> None:
     image = _image("RGB", (7, 5))
     out = np.zeros(7 * 5 * 3 + 1, np.uint8)
-    hashing._pack_rgbx(out, 0, image.tobytes("raw", "RGBX"))
+    hashing._pack_rgbx(out, np.frombuffer(image.tobytes("raw", "RGBX"), np.uint32))
     assert out[:-1].tobytes() == image.tobytes()
-    assert hashing._overlapping_stores_pack()
+    assert hashing._band_packing_works()
 
 
-def test_where_stores_would_not_pack_pillows_packer_is_used(
-    overlapped: list[object], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("rows", [1, 4, 5, 13])  # 13 lines: bands of 4 end with one line
+def test_pasted_bands_hold_the_images_lines_in_order(rows: int) -> None:
+    image = _image("RGB", (37, 13))
+    lines = np.asarray(image)
+    top = 0
+    for band in hashing._pasted_bands(image, rows):
+        count = len(band) // 37
+        assert count == min(rows, 13 - top)
+        rgb = band.view(np.uint8).reshape(count, 37, 4)[..., :3]
+        assert np.array_equal(rgb, lines[top : top + count])
+        top += count
+    assert top == 13
+
+
+@pytest.mark.parametrize(
+    "surprise", ["numpy stores out of order", "Pillow copies the band", "Pillow refuses"]
+)
+def test_where_band_packing_would_differ_pillows_packer_is_used(
+    surprise: str, overlapped: list[object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hasher = MediaHasher("/m")
     image = _image("RGB", LARGE)
-    monkeypatch.setattr(hashing, "_overlapping_stores_pack", lambda: False)
-    assert hasher.key("image", image) == _copying_road_key(hasher, image, monkeypatch)
+    expected = _copying_road_key(hasher, image, monkeypatch)
+    if surprise == "numpy stores out of order":
+        monkeypatch.setattr(hashing, "_pack_rgbx", lambda out, pixels: out.fill(0))
+    elif surprise == "Pillow copies the band":  # the band no longer shares the numpy buffer
+        frombuffer = Image.frombuffer
+        monkeypatch.setattr(Image, "frombuffer", lambda *args: frombuffer(*args).copy())
+    else:
+        monkeypatch.delattr(Image, "frombuffer")
+    hashing._band_packing_works.cache_clear()
+    try:
+        assert not hashing._band_packing_works()
+        assert hasher.key("image", image) == expected
+    finally:
+        hashing._band_packing_works.cache_clear()
     assert overlapped == []
 
 
@@ -198,11 +228,11 @@ def test_a_failure_while_packing_reaches_the_caller_and_stops_the_hashing(
     packed: list[int] = []
     real = hashing._pack_rgbx
 
-    def failing(out: Any, at: int, rgbx: bytes) -> None:
+    def failing(out: Any, pixels: Any) -> None:
         if len(packed) == 5:
             raise MemoryError("no room")
-        packed.append(at)
-        real(out, at, rgbx)
+        packed.append(len(pixels))
+        real(out, pixels)
 
     fed: list[int] = []
     with monkeypatch.context() as patch:

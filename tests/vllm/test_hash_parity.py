@@ -132,7 +132,7 @@ def test_images_of_each_mode(mode: str, hasher: MediaHasher, data: st.DataObject
 
 @pytest.mark.parametrize("algorithm", HASH_ALGORITHMS)
 def test_large_rgb_images_packed_while_a_helper_thread_hashes(algorithm: str) -> None:
-    # At 8 MiB of pixels and up, RGB images take their own road (see _rgb_overlapped).
+    # At 4 MiB of pixels and up, RGB images take their own road (see _rgb_overlapped).
     height, width = 1401, 2001
     assert height * width * 3 >= _hashing._OVERLAPPED_BYTES
     image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (height, width, 3), dtype=np.uint8))
