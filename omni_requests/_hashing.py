@@ -20,6 +20,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
@@ -61,6 +62,11 @@ _PIXEL_CHUNK: Final = 256 << 10
 _OVERLAPPED_BYTES: Final = 4 << 20
 _BAND_BYTES: Final = 512 << 10
 _SLOTS: Final = 3
+# Hashing a chunk, or pasting and packing a band, takes well under this (tens to a few
+# hundred microseconds). A step that took longer most likely waited for the GIL: another
+# thread is busy in Python, and each further release of the GIL could cost a switch
+# interval (5 ms), so the rest of the image is fed in one piece (see _fed, _rgb_overlapped).
+_GIL_WAIT: Final = 0.002
 # Image modes whose packed pixels are known to be what ``np.asarray(image)`` holds (tested).
 _STREAMED_MODES: Final = frozenset(
     {
@@ -225,10 +231,26 @@ def _pixels(image: Any) -> tuple[str, tuple[int, ...], int, Callable[[_Update], 
 
 
 def _fed(chunks: Iterable[bytes], update: _Update) -> int:
+    """Pass ``chunks`` to ``update``; return how many bytes that was.
+
+    blake3 and hashlib let go of the GIL for all but tiny inputs. When another thread
+    is busy in Python, getting it back can take a whole switch interval (5 ms) per
+    chunk (a 1080p image, when it took this road, 120 ms instead of 2.5 ms). Once an
+    update took that long, the remaining chunks are joined and hashed in one update, as
+    vLLM does.
+    """
     fed = 0
-    for chunk in chunks:
+    remaining = iter(chunks)
+    clock = time.perf_counter
+    for chunk in remaining:
+        started = clock()
         update(chunk)
         fed += len(chunk)
+        if clock() - started > _GIL_WAIT:
+            rest = b"".join(remaining)
+            if rest:
+                update(rest)
+            return fed + len(rest)
     return fed
 
 
@@ -277,8 +299,12 @@ def _rgb_overlapped(image: Any, update: _Update) -> int:
     next. Pillow's paste, numpy's copy, blake3 and hashlib all let go of the GIL, so the
     two threads seldom wait for it (Pillow's RGB packer and its encoders hold it). Where
     every helper is busy, this thread hashes each slot itself.
+
+    A band that took so long that this thread most likely waited for the GIL (another
+    thread busy in Python) ends the bands: the lines left are pasted, packed and hashed
+    in one piece each (:func:`_packed_rest`).
     """
-    width = image.size[0]
+    width, height = image.size
     rows = max(_BAND_BYTES // (width * 4), 1)
     free: queue.SimpleQueue[np.ndarray[Any, Any] | None] = queue.SimpleQueue()
     full: queue.SimpleQueue[tuple[np.ndarray[Any, Any], int] | None] = queue.SimpleQueue()
@@ -298,10 +324,15 @@ def _rgb_overlapped(image: Any, update: _Update) -> int:
     for _ in range(_SLOTS if finished is not None else 1):
         free.put(np.empty(rows * width * 3 + 1, np.uint8))  # +1: the last store writes 4 bytes
     fed = 0
+    rest: np.ndarray[Any, Any] | None = None
+    told = False
+    clock = time.perf_counter
+    bands = _pasted_bands(image, rows)
     try:
-        for pixels in _pasted_bands(image, rows):
-            slot = free.get()
-            if slot is None:
+        while (slot := free.get()) is not None:  # None: the helper failed
+            started = clock()  # waiting for a free slot (for the helper) does not count
+            pixels = next(bands, None)
+            if pixels is None:
                 break
             _pack_rgbx(slot, pixels)
             size = len(pixels) * 3
@@ -311,17 +342,40 @@ def _rgb_overlapped(image: Any, update: _Update) -> int:
                 update(slot[:size].data)
                 free.put(slot)
             fed += size
+            if clock() - started > _GIL_WAIT and fed < width * height * 3:
+                if finished is not None:
+                    full.put(None)  # no more slots: the helper hashes its last ones meanwhile
+                    told = True
+                rest = _packed_rest(image, fed // (width * 3))
+                break
     finally:
         if finished is not None:
-            full.put(None)
+            if not told:
+                full.put(None)
             finished.wait()  # the helper has fed its last slot: nothing touches ``update`` after this
     if failures:
         raise failures[0]
+    if rest is not None:
+        update(rest[:-1].data)
+        fed += len(rest) - 1
     return fed
 
 
-def _pasted_bands(image: Any, rows: int) -> Iterator[np.ndarray[Any, Any]]:
-    """An RGB image's 4-byte pixels (RGB and a pad byte), ``rows`` lines at a time.
+def _packed_rest(image: Any, top: int) -> np.ndarray[Any, Any]:
+    """The packed lines of an RGB image from ``top`` on, in one buffer (one spare byte at the end).
+
+    For when another thread keeps the GIL busy: pasting, packing and hashing them in one
+    piece each lets go of the GIL three times, not three times a band.
+    """
+    width, height = image.size
+    lines = height - top
+    out = np.empty(lines * width * 3 + 1, np.uint8)
+    _pack_rgbx(out, next(_pasted_bands(image, lines, top)))
+    return out
+
+
+def _pasted_bands(image: Any, rows: int, top: int = 0) -> Iterator[np.ndarray[Any, Any]]:
+    """An RGB image's 4-byte pixels (RGB and a pad byte), ``rows`` lines at a time from line ``top``.
 
     Pillow's core pastes the lines into an RGBX image that shares its memory with a
     numpy buffer, letting go of the GIL while it copies. The band is ours alone, so it
@@ -334,9 +388,9 @@ def _pasted_bands(image: Any, rows: int) -> Iterator[np.ndarray[Any, Any]]:
     pixels = np.empty(rows * width, np.uint32)
     band = Image.frombuffer("RGBX", (width, rows), pixels, "raw", "RGBX", 0, 1)
     paste, source = band.im.paste, image.im
-    for top in range(0, height, rows):
-        paste(source, (0, -top, width, height - top))  # the image moved up by ``top``, clipped to the band
-        yield pixels[: min(rows, height - top) * width]
+    for first in range(top, height, rows):
+        paste(source, (0, -first, width, height - first))  # the image moved up, clipped to the band
+        yield pixels[: min(rows, height - first) * width]
 
 
 _Job = tuple[Callable[[], None], threading.Event]  # work, and the event set once it is done

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from blake3 import blake3
 from PIL import Image
 
 from omni_requests import MediaHasher
@@ -291,6 +292,63 @@ def test_a_caller_that_waited_for_its_helper_finds_it_free_again() -> None:
         finished = helpers.run(lambda: None)
         assert finished is not None
         finished.wait()
+
+
+# -- another thread busy in Python: each release of the GIL may cost a switch interval (5 ms) --
+
+
+class _Recorder:
+    """A digest's ``update`` that records each chunk's size and hashes the chunks with blake3."""
+
+    def __init__(self, slow_at: int = 0) -> None:
+        self.sizes: list[int] = []
+        self.digest = blake3()
+        self._slow_at = slow_at
+
+    def update(self, chunk: Any) -> None:
+        self.sizes.append(len(chunk))
+        self.digest.update(chunk)
+        if len(self.sizes) == self._slow_at:
+            time.sleep(0.01)  # as long as getting the GIL back can take
+
+
+def test_after_a_slow_update_the_rest_of_an_image_is_hashed_in_one_piece() -> None:
+    image = _image("RGB", (1200, 1000))  # below 4 MiB: packed by Pillow a chunk at a time
+    nbytes = 1200 * 1000 * 3
+    assert nbytes < hashing._OVERLAPPED_BYTES
+    chunks = [len(c) for c in hashing._packed(image, Image._getencoder("RGB", "raw", "RGB"), nbytes)]
+    assert len(chunks) > 10
+    slow = _Recorder(slow_at=2)
+    assert hashing._pixels(image)[3](slow.update) == nbytes
+    *first, rest = slow.sizes
+    assert 1 <= len(first) <= 2  # the second update at the latest ended the chunks
+    assert first == chunks[: len(first)] and rest == nbytes - sum(first)
+    assert slow.digest.hexdigest() == blake3(image.tobytes()).hexdigest()
+
+
+@pytest.mark.parametrize("helped", [True, False], ids=["helper", "no helper"])
+def test_after_a_slow_band_the_rest_of_a_large_image_is_hashed_in_one_piece(
+    helped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image = _image("RGB", LARGE)
+    assert hashing._band_packing_works()  # checked now, so only the image's bands are counted
+    if not helped:
+        monkeypatch.setattr(hashing._HELPERS, "run", lambda work: None)
+    packed = record_calls(monkeypatch, hashing, "_pack_rgbx", 1)
+    real = hashing._pack_rgbx
+
+    def slow_third(out: Any, pixels: Any) -> None:
+        real(out, pixels)
+        if len(packed) == 3:
+            time.sleep(0.01)
+
+    monkeypatch.setattr(hashing, "_pack_rgbx", slow_third)
+    recorder = _Recorder()
+    assert hashing._pixels(image)[3](recorder.update) == 2001 * 1401 * 3
+    *bands, rest = recorder.sizes
+    assert 1 <= len(bands) <= 3  # the third band at the latest ended the bands
+    assert len(set(bands)) == 1 and rest > bands[0]
+    assert recorder.digest.hexdigest() == blake3(image.tobytes()).hexdigest()
 
 
 def _key_in_a_child(queue: Any) -> None:
