@@ -15,9 +15,10 @@ Traceback (most recent call last):
 ...
 hypothesis.errors.InvalidArgument: images(): max_side=2 must be >= min_side=4
 
-``st.from_type`` resolves the prompt records and :class:`~omni_requests.MediaHasher` once
-:func:`_register_hypothesis_strategies` has run, which Hypothesis does at import through
-the ``hypothesis`` entry-point group.
+``st.from_type`` resolves the prompt records and :class:`~omni_requests.MediaHasher` to
+these strategies: Hypothesis registers them at its import, through the ``hypothesis``
+entry-point group, from the small ``omni_requests._hypothesis_hook`` (not from this
+module, which imports Hypothesis and so cannot be loaded while Hypothesis is).
 """
 
 from __future__ import annotations
@@ -1093,20 +1094,3 @@ def hashers(
     if names is None:
         names = st.sampled_from(("m", "org/model-7b", "/models/tiny")) | st.text(min_size=1, max_size=12)
     return st.builds(MediaHasher, names, st.sampled_from(chosen))
-
-
-# -- st.from_type ---------------------------------------------------------------------
-
-
-def _register_hypothesis_strategies() -> None:
-    """Make ``st.from_type`` give our records and hashers.
-
-    Hypothesis calls this at import through the ``hypothesis`` entry-point group. The
-    strategies are built on first use, so importing Hypothesis stays cheap (no Pillow
-    or torch import); EmbedsPrompt is registered only where torch is installed.
-    """
-    st.register_type_strategy(TextPrompt, lambda _: text_prompts())
-    st.register_type_strategy(TokensPrompt, lambda _: tokens_prompts())
-    if _torch_available():
-        st.register_type_strategy(EmbedsPrompt, lambda _: embeds_prompts())
-    st.register_type_strategy(MediaHasher, lambda _: hashers())

@@ -280,8 +280,47 @@ def test_core_does_not_import_hypothesis() -> None:
 
 @pytest.mark.parametrize("kind", [TextPrompt, TokensPrompt, EmbedsPrompt, MediaHasher])
 def test_registration_makes_from_type_give_our_records(kind: type) -> None:
-    S._register_hypothesis_strategies()
+    from omni_requests import _hypothesis_hook
+
+    _hypothesis_hook.register()
     assert seen(st.from_type(kind), type, 10) == {kind}
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import omni_requests.strategies",
+        "from omni_requests import strategies",
+        "import omni_requests.testing",
+        # Hypothesis first, then ours: the entry point ran before our modules existed.
+        "import hypothesis.strategies as st; from omni_requests import TextPrompt;"
+        " assert type(st.from_type(TextPrompt).example()) is TextPrompt",
+        # Ours first: Hypothesis is imported, and its entry point run, from inside strategies.
+        "from omni_requests import strategies, TextPrompt, MediaHasher; import hypothesis.strategies as st;"
+        " assert type(st.from_type(TextPrompt).example()) is TextPrompt;"
+        " assert type(st.from_type(MediaHasher).example()) is MediaHasher",
+    ],
+)
+def test_strategies_import_in_a_bare_interpreter(code: str) -> None:
+    # Under pytest Hypothesis is imported before any test module, which hid a circular
+    # import: the entry point named a function of the module that imports Hypothesis.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HYPOTHESIS_NO_PLUGINS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_entry_point_names_a_module_that_does_not_import_hypothesis() -> None:
+    import importlib.metadata
+    import subprocess
+    import sys
+
+    (entry,) = [e for e in importlib.metadata.entry_points(group="hypothesis") if e.name == "omni_requests"]
+    code = f"import sys, {entry.module}; assert 'hypothesis' not in sys.modules, sorted(sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_exif_image_id_decides_the_key_of_an_image() -> None:
