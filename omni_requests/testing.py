@@ -791,9 +791,11 @@ def _search(name: str, ctx: _Context, scenarios: st.SearchStrategy[_Scenario], c
             raise ScopingPropertyError([name], _report(name, problem, trace))
 
     scoping_property.__name__ = scoping_property.__qualname__ = name
-    test = config(given(scenario=scenarios)(scoping_property))
-    # Hypothesis keys its example database by the test function; give each property and
-    # function their own entry, so a saved failure replays for the function it broke.
+    # Hypothesis keys its example database by a digest of the inner test function (its
+    # source, which every search here shares, plus this attribute, which it reads from
+    # that same function): each property and checked function gets its own entry, so a
+    # saved failure replays for the function it broke.
     label = f"{name}:{getattr(ctx.fn, '__module__', '')}.{getattr(ctx.fn, '__qualname__', repr(ctx.fn))}"
-    test._hypothesis_internal_add_digest = label.encode()  # type: ignore[attr-defined]
+    scoping_property._hypothesis_internal_add_digest = label.encode()  # type: ignore[attr-defined]
+    test = config(given(scenario=scenarios)(scoping_property))
     test()

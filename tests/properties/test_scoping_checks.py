@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from collections.abc import Callable
@@ -225,3 +226,20 @@ def test_equal_media_means_equal_as_given_and_as_the_model_sees_them() -> None:
     ctx = testing._Context(_scopers.ours, testing._Records(), 0)
     assert testing._CHECKS["equal_media_equal_keys"](trace, ctx) is None
     assert testing._CHECKS["distinct_media_distinct_keys"](trace, ctx) is None
+
+
+def test_each_checked_function_and_property_has_its_own_example_database_key() -> None:
+    # Hypothesis keys its example database by the inner test function; every property's
+    # search is the same nested function, so without a per-search digest all of them,
+    # for every checked function, would share one key and replay each other's failures.
+    from hypothesis.database import InMemoryExampleDatabase
+
+    db = InMemoryExampleDatabase()
+    saving = settings(max_examples=25, database=db, phases=[Phase.generate])
+    for fn in (_scopers.ignore_replica, _scopers.wrong_stage):
+        for prop in ("one_scope_prefix", "replicas_distinct_keys"):
+            with contextlib.suppress(ScopingPropertyError):
+                check_scoping(fn, to_dict=to_vllm, properties=[prop], settings=saving)
+    # A failing search saves its shrunk example under its key (secondary keys extend it).
+    saved = {key for key, values in db.data.items() if values and not key.endswith(b".secondary")}
+    assert len(saved) == 3, saved  # wrong_stage keeps replicas apart: three searches failed
