@@ -34,6 +34,7 @@ from pyrsistent import PVector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._media import immutable_token, is_pil_image, is_torch_tensor, never_written
+from ._media_bytes import feed_media_with_bytes, is_media_with_bytes
 
 __all__ = ["HashAlgorithm", "MediaHasher"]
 
@@ -112,6 +113,8 @@ def _value(update: _Update, value: object, leaf: _Leaf | None = None) -> None:
         for key, element in value.items():
             _framed(update, str(key).encode("utf-8"))
             _value(update, element, leaf)
+    elif is_media_with_bytes(value):  # vLLM's loaded media: keyed by its bytes (see _media_bytes)
+        feed_media_with_bytes(update, value, leaf or _leaf)
     else:
         update(_TAG_LEAF)
         (leaf or _leaf)(update, value)

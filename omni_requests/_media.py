@@ -16,6 +16,7 @@ import numpy as np
 from pyrsistent import PMap, PVector, pmap, pvector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._media_bytes import freeze_media_with_bytes, is_media_with_bytes
 
 __all__ = ["FrozenDict"]
 
@@ -122,6 +123,8 @@ def freeze_media(value: object, path: str) -> object:
         return _freeze_sequence(value, path, freeze_media)
     if isinstance(value, Mapping):
         return _freeze_mapping(value, path, freeze_media)
+    if is_media_with_bytes(value):  # vLLM's loaded media: keyed by its bytes (see _media_bytes)
+        return freeze_media_with_bytes(value, path, freeze_media)
     raise PromptTypeError(
         path,
         f"unsupported media value of type {type_name(value)}; expected an image, array, tensor, "
