@@ -1,8 +1,9 @@
 """One process of tests/reliability/test_processes.py: ``python -m tests.reliability._worker``.
 
-``write DIR``: print this process's keys as JSON and write its records to DIR (pickle and
-msgpack). ``read DIR``: load another process's files, check they equal this process's own
-records, and print the keys of what was loaded. The corpus is built deterministically,
+``write DIR``: print this process's keys as JSON and write its records to DIR (pickle, and
+the wire format of ``omni_requests.wire``). ``read DIR``: load another process's files,
+check they equal this process's own records (with the same keys and modality order), and
+print the keys of what was loaded. The corpus is built deterministically,
 so every process builds equal records.
 """
 
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import msgpack
+import msgspec
 import numpy as np
 from PIL import Image
 from pyrsistent import pvector
@@ -31,7 +32,8 @@ from omni_requests import (
     rendered_uuids,
     scope_to_replica,
 )
-from omni_requests_vllm import from_vllm, to_vllm
+from omni_requests.wire import decode, encode
+from omni_requests_vllm import to_vllm
 
 HASHER = MediaHasher("/models/processes")
 POLICIES = [
@@ -117,52 +119,24 @@ def keys(record: Any) -> list[Any]:
     return out
 
 
-# -- a small msgpack codec for engine dicts: arrays and tuples need ext types --
-
-_ARRAY, _TUPLE = 1, 2
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        data = np.ascontiguousarray(value).tobytes()
-        return msgpack.ExtType(_ARRAY, msgpack.packb([value.dtype.str, list(value.shape), data]))
-    if isinstance(value, tuple):  # vLLM tells (audio, rate) from [item, item] by the type
-        return msgpack.ExtType(_TUPLE, packb(list(value)))
-    raise TypeError(f"cannot msgpack {type(value).__name__}")
-
-
-def _ext(code: int, data: bytes) -> Any:
-    if code == _ARRAY:
-        dtype, shape, raw = msgpack.unpackb(data)
-        return np.frombuffer(raw, np.dtype(dtype)).reshape(shape)
-    if code == _TUPLE:
-        return tuple(unpackb(data))
-    return msgpack.ExtType(code, data)
-
-
-def packb(value: Any) -> bytes:
-    packed: bytes = msgpack.packb(value, default=_default, strict_types=True)
-    return packed
-
-
-def unpackb(data: bytes) -> Any:
-    return msgpack.unpackb(data, ext_hook=_ext, strict_map_key=False)
-
-
 def main(mode: str, directory: Path) -> None:
     c_extension = type(pvector()).__module__ == "pvectorc"
     assert c_extension == (not os.environ.get("PYRSISTENT_NO_C_EXTENSION")), "the env var did not take"
     mine = records()
     if mode == "write":
         (directory / "records.pickle").write_bytes(pickle.dumps([scoped(r) for r in mine]))
-        (directory / "dicts.msgpack").write_bytes(packb([to_vllm(r) for r in plain_records()]))
+        messages = [encode(s) for r in mine for s in [r, *scoped(r)]]
+        (directory / "records.wire").write_bytes(msgspec.msgpack.encode(messages))
         loaded = mine
     else:
         groups = pickle.loads((directory / "records.pickle").read_bytes())
         assert groups == [scoped(r) for r in mine], "unpickled records differ from this process's"
         loaded = [_unscope(group[0]) for group in groups]
-        dicts = unpackb((directory / "dicts.msgpack").read_bytes())
-        assert [from_vllm(d) for d in dicts] == plain_records(), "msgpack round trip changed a record"
+        messages = msgspec.msgpack.decode((directory / "records.wire").read_bytes())
+        expected = [s for r in mine for s in [r, *scoped(r)]]
+        decoded = [decode(m) for m in messages]
+        assert decoded == expected, "the wire format changed a record"
+        assert _engine_view(decoded) == _engine_view(expected), "the wire format changed a key or the order"
     print(
         json.dumps(
             {
@@ -173,6 +147,15 @@ def main(mode: str, directory: Path) -> None:
             }
         )
     )
+
+
+def _engine_view(records: list[Any]) -> list[Any]:
+    """Each single record's engine keys and modality order (an encoder-decoder pair: its encoder's)."""
+    out = []
+    for record in records:
+        sent = to_vllm(record.encoder_prompt if isinstance(record, EncoderDecoderPrompt) else record)
+        out.append((sent.get("multi_modal_uuids"), list(sent.get("multi_modal_data", {}))))
+    return out
 
 
 def _unscope(record: Any) -> Any:
