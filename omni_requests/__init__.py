@@ -5,6 +5,7 @@ are computed exactly like vLLM's and rendered with their scope only at the engin
 boundary. See https://omni-requests.readthedocs.io (``docs/``) for the guide.
 """
 
+from . import _pydantic  # noqa: F401 - records as pydantic fields; imports no pydantic
 from ._errors import InvalidPromptError, OmniRequestsError, PromptTypeError
 from ._hashing import HashAlgorithm, MediaHasher
 from ._keys import KeyOrigin, KeyPolicy, MediaKey, Scope
