@@ -154,7 +154,7 @@ def _describe_record(record: SinglePrompt) -> str:
         parts.append(f"{modality}=[{', '.join(shown)}]")
     for modality, given in uuids.items():
         if modality not in record.multi_modal_data:
-            parts.append(f"{modality}=(cached only) uuids={list(given)!r}")
+            parts.append(f"{modality}=(no data, ignored by vLLM) uuids={list(given)!r}")
     return " ".join(parts)
 
 
@@ -397,7 +397,6 @@ class _Item:
     uuid: str | None
     is_none: bool
     identity: tuple[str, ...]
-    cached_only: bool
     # What the engine tells apart: the identity of the item as vLLM's parser hands it on
     # (an image turned upright and flattened to RGB). Distinct media must get distinct
     # keys only where this differs; equal media must get equal keys where identity is equal.
@@ -409,6 +408,12 @@ class _Item:
 
 
 def _items(record: SinglePrompt) -> list[_Item]:
+    """The items the engine keys: one per entry of ``multi_modal_data``, ``None`` included.
+
+    UUIDs of a modality with no data are not items: vLLM accepts them and ignores them
+    (no item, so no key), so a scoping function may leave them as they are, as
+    vllm-omni's own helper does, or scope or drop them.
+    """
     items = []
     uuids = record.multi_modal_uuids
     for modality, values in record.multi_modal_data.items():
@@ -422,15 +427,9 @@ def _items(record: SinglePrompt) -> list[_Item]:
                     uuid,
                     value is None,
                     media_identity(modality, value, uuid),
-                    False,
                     media_identity(modality, value, uuid, parsed=True),
                 )
             )
-    for modality, given in uuids.items():
-        if modality not in record.multi_modal_data:
-            for i, uuid in enumerate(given):
-                if uuid is not None:
-                    items.append(_Item(modality, i, uuid, True, ("user", uuid), True, ("user", uuid)))
     return items
 
 
@@ -644,7 +643,7 @@ def _none_items_kept(trace: _Trace, ctx: _Context) -> str | None:
     for obs in trace.observations:
         data = obs.result.data
         for item in obs.items:
-            if not item.is_none or item.cached_only:
+            if not item.is_none:
                 continue
             row = None if data is None else data.get(item.modality)
             label = trace.label(obs, item)

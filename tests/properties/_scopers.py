@@ -6,8 +6,11 @@ Each broken function is a small, plausible mistake; the tests show which propert
 
 from __future__ import annotations
 
+import ast
 import functools
+import importlib.util
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from omni_requests import MediaHasher, Scope, SinglePrompt, scope_to_replica
@@ -157,3 +160,63 @@ def drop_none_items(prompt: dict[str, Any], replica: int) -> dict[str, Any]:
     if data:
         out["multi_modal_data"] = {m: [x for x in _as_list(v) if x is not None] for m, v in data.items()}
     return out
+
+
+# -- vllm-omni's own stage-0 helper, as its wheel ships it ---------------------------------
+
+
+def vllm_omni_helper(model: str = "/models/tiny-vl") -> Callable[..., None]:
+    """``AsyncOmniEngine._ensure_stage_replica_mm_uuids`` of the installed vllm-omni, bound.
+
+    Importing ``vllm_omni`` patches vLLM process-wide (and 0.30's package does not import
+    beside vLLM 0.34), so this does not import it: it compiles the helper's own source,
+    read from the wheel, with the two small methods it calls, into a bare class. The
+    helper hashes with the installed vLLM's ``MultiModalHasher``, as in the engine, and
+    writes the scoped UUIDs into the dict it is given.
+    """
+    spec = importlib.util.find_spec("vllm_omni")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("vllm_omni is not installed", name="vllm_omni")
+    source = Path(spec.submodule_search_locations[0], "engine", "async_omni_engine.py")
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    (engine,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "AsyncOmniEngine"]
+    wanted = {"_ensure_stage_replica_mm_uuids", "_iter_multimodal_items", "_resolve_mm_hasher_algorithm"}
+    body: list[ast.stmt] = [
+        n
+        for n in engine.body
+        if (isinstance(n, ast.FunctionDef) and n.name in wanted)
+        or (
+            isinstance(n, ast.Assign)
+            and any(getattr(t, "id", "") == "_DEFAULT_MM_HASHER_ALGORITHM" for t in n.targets)
+        )
+    ]
+    if len(body) != len(wanted) + 1:
+        raise RuntimeError(f"{source}: the stage-0 helper is not where vllm-omni 0.30 keeps it")
+    module = ast.Module(body=[ast.ClassDef("Engine", [], [], body, [], type_params=[])], type_ignores=[])
+    namespace: dict[str, Any] = {"Any": Any}
+    exec(compile(ast.fix_missing_locations(module), str(source), "exec"), namespace)
+    instance = namespace["Engine"]()
+    instance.model = model
+    helper: Callable[..., None] = instance._ensure_stage_replica_mm_uuids
+    return helper
+
+
+def vllm_omni_write_back(helper: Callable[..., None]) -> DictScoper:
+    """vllm-omni 0.30's stage-0 scoping as its engine calls it: on the caller's own dict."""
+
+    def scope(prompt: dict[str, Any], replica: int) -> dict[str, Any]:
+        helper(prompt, stage_id=0, replica_id=replica)
+        return prompt
+
+    return scope
+
+
+def vllm_omni_shallow_copy(helper: Callable[..., None]) -> DictScoper:
+    """The upstream fix: the same helper, run on a shallow copy of the caller's dict."""
+
+    def scope(prompt: dict[str, Any], replica: int) -> dict[str, Any]:
+        copy = dict(prompt)
+        helper(copy, stage_id=0, replica_id=replica)
+        return copy
+
+    return scope

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import re
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import attrs
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from PIL import Image
+from pyrsistent import PVector
 
 from omni_requests import TextPrompt, scope_to_replica, testing
 from omni_requests import strategies as S
@@ -243,3 +246,92 @@ def test_each_checked_function_and_property_has_its_own_example_database_key() -
     # A failing search saves its shrunk example under its key (secondary keys extend it).
     saved = {key for key, values in db.data.items() if values and not key.endswith(b".secondary")}
     assert len(saved) == 3, saved  # wrong_stage keeps replicas apart: three searches failed
+
+
+# -- vllm-omni's own helper -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def omni_helper() -> Callable[..., None]:
+    pytest.importorskip("vllm.multimodal.hasher")
+    if importlib.util.find_spec("vllm_omni") is None:
+        pytest.skip("vllm-omni is not installed")
+    return _scopers.vllm_omni_helper()
+
+
+def _has_exif_image_id(value: object) -> bool:
+    if isinstance(value, Image.Image):
+        return isinstance(value.getexif().get(0x800D), uuid.UUID)
+    if isinstance(value, (list, tuple, PVector)):
+        return any(_has_exif_image_id(v) for v in value)
+    return False
+
+
+@pytest.mark.vllm
+def test_passes_on_vllm_omnis_own_helper_run_on_a_shallow_copy(omni_helper: Callable[..., None]) -> None:
+    # The helper leaves UUIDs of a modality without data unscoped, and vLLM ignores them
+    # (no item, so no key): the kit must not judge them as keys. Images with an EXIF
+    # ImageID are left out: the helper keys them by it, which the engine does not (next test).
+    no_image_ids = S.prompts(kinds=("text", "tokens"), media=True).filter(
+        lambda p: not any(_has_exif_image_id(v) for v in p.multi_modal_data.values())
+    )
+    fn = _scopers.vllm_omni_shallow_copy(omni_helper)
+    check_scoping(fn, to_dict=to_vllm, prompts=no_image_ids, settings=SEARCH)
+
+
+@pytest.mark.vllm
+def test_vllm_omnis_helper_keys_two_images_by_one_exif_image_id(omni_helper: Callable[..., None]) -> None:
+    # A finding, not a kit bug: the helper hashes an image as given, so vLLM's hasher keys
+    # it by its EXIF ImageID alone; vLLM's parser drops the ID and the model sees the
+    # pixels. Two images with one ID and other pixels get one key: stale features.
+    def tagged(height: int) -> Image.Image:
+        image = Image.new("RGB", (1, height))
+        image.getexif()[0x800D] = uuid.UUID(int=0)
+        return image
+
+    template = TextPrompt(prompt="<image>", multi_modal_data={"image": tagged(2)})
+    scenario = testing._Scenario(
+        template=template,
+        copies=(attrs.evolve(template, multi_modal_data={"image": tagged(1)}),),
+        rebuilt=TextPrompt(prompt="<image>", multi_modal_data={"image": tagged(2)}),
+        calls=(testing._Call(0, 0, False), testing._Call(1, 0, False)),
+    )
+    fn = _scopers.vllm_omni_shallow_copy(omni_helper)
+    world = testing._Dicts(to_vllm)
+    trace = testing._run(fn, world, scenario)
+    problem = testing._CHECKS["distinct_media_distinct_keys"](trace, testing._Context(fn, world, 0))
+    assert problem is not None and "different media got the same key" in problem
+
+
+@pytest.mark.vllm
+def test_fails_vllm_omnis_own_helper_writing_back(omni_helper: Callable[..., None]) -> None:
+    with pytest.raises(ScopingPropertyError) as caught:
+        check_scoping(_scopers.vllm_omni_write_back(omni_helper), to_dict=to_vllm, settings=FIND)
+    assert {"caller_unchanged", "one_scope_prefix"} <= set(caught.value.properties)
+
+
+def test_uuids_of_a_modality_without_data_are_not_judged_as_keys() -> None:
+    # vLLM accepts them and ignores them: no item, so no key. A scoping function may
+    # leave them as they are (vllm-omni's helper does) or drop them.
+    template = TextPrompt(
+        prompt="<image>",
+        multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)},
+        multi_modal_uuids={"video": ["clip-a"]},
+    )
+    scenario = testing._Scenario(
+        template=template,
+        copies=(),
+        rebuilt=template,
+        calls=(testing._Call(0, 0, False), testing._Call(0, 1, False)),
+    )
+
+    def leave_them(prompt: dict[str, Any], replica: int) -> dict[str, Any]:
+        scoped = _scopers.shallow_copy(prompt, replica)
+        return {**scoped, "multi_modal_uuids": {**scoped["multi_modal_uuids"], "video": ["clip-a"]}}
+
+    world = testing._Dicts(to_vllm)
+    trace = testing._run(leave_them, world, scenario)
+    ctx = testing._Context(leave_them, world, 0)
+    assert [obs.result.keys["video"] for obs in trace.observations] == [["clip-a"], ["clip-a"]]  # type: ignore[index]
+    for name, check in testing._CHECKS.items():
+        assert check(trace, ctx) is None, name
