@@ -6,7 +6,7 @@ leaf), so distinct inputs cannot produce the same stream. Where vLLM copies (a P
 image through ``np.asarray``, a non-contiguous array through ``tobytes``) we feed the
 same bytes without building the intermediate objects: an image's pixels are packed and
 hashed a chunk at a time, never as one image-sized ``bytes`` (a large RGB image is
-packed on the calling thread while a helper thread hashes).
+packed on the calling thread while a helper thread hashes; see :mod:`._image_road`).
 
 :meth:`MediaHasher.fingerprint` is the cheap cousin of a key: type, shape, length and a
 fixed sample of the bytes, for binding a user UUID to the item it was given for.
@@ -16,15 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import pickle
-import queue
 import threading
-import time
 import uuid
 import weakref
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
-from functools import cache, partial
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Final, Literal
 
 import attrs
@@ -33,6 +29,7 @@ from blake3 import blake3
 from pyrsistent import PVector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._image_road import pixels
 from ._media import immutable_token, is_pil_image, is_torch_tensor, never_written
 from ._media_bytes import feed_media_with_bytes, is_media_with_bytes
 
@@ -55,26 +52,6 @@ _BLOCK_BYTES: Final = 16 << 20
 # EXIF tag 0x800D, "ImageID" (PIL.ExifTags.Base.ImageID): vLLM keys an image by this UUID when set.
 _EXIF_IMAGE_ID: Final = 0x800D
 
-# Image pixels are packed and hashed in chunks of about this size (fits in L2).
-_PIXEL_CHUNK: Final = 256 << 10
-# RGB images with at least this many bytes of packed pixels are packed on the calling
-# thread while a helper thread hashes (see _rgb_overlapped): Pillow's 4-byte pixels
-# copied per band (packed and handed over as one slot), and how many slots take turns.
-_OVERLAPPED_BYTES: Final = 4 << 20
-_BAND_BYTES: Final = 512 << 10
-_SLOTS: Final = 3
-# Hashing a chunk, or pasting and packing a band, takes well under this (tens to a few
-# hundred microseconds). A step that took longer most likely waited for the GIL: another
-# thread is busy in Python, and each further release of the GIL could cost a switch
-# interval (5 ms), so the rest of the image is fed in one piece (see _fed, _rgb_overlapped).
-_GIL_WAIT: Final = 0.002
-# Image modes whose packed pixels are known to be what ``np.asarray(image)`` holds (tested).
-_STREAMED_MODES: Final = frozenset(
-    {
-        "1", "CMYK", "F", "HSV", "I", "I;16", "I;16B", "I;16L", "I;16N", "L", "LA", "La",
-        "LAB", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "YCbCr",
-    }
-)  # fmt: skip
 # A fingerprint reads buffers up to this size whole, larger ones as evenly spaced samples.
 _SAMPLES: Final = 16
 _SAMPLE_BYTES: Final = 4096
@@ -189,7 +166,7 @@ def _pil_image(update: _Update, image: Any) -> None:
         return
     # vLLM hashes np.asarray(image): Pillow packs the pixels into one bytes object that
     # numpy wraps. We feed the same bytes packed a chunk at a time, with no image copy.
-    dtype, shape, nbytes, feed = _pixels(image)
+    dtype, shape, nbytes, feed = pixels(image)  # the fast road, or Pillow's copy (see _image_road)
     entries: list[tuple[str, object]] = [("mode", image.mode), ("data", None)]
     palette = image.palette
     if palette is not None:
@@ -218,283 +195,6 @@ def _pil_image(update: _Update, image: Any) -> None:
         fed = feed(update)
         if fed != nbytes:  # a Pillow whose packing we do not know; never return a wrong key
             raise RuntimeError(f"packed {fed} bytes of {image.mode} pixels, expected {nbytes}")
-
-
-def _pixels(image: Any) -> tuple[str, tuple[int, ...], int, Callable[[_Update], int]]:
-    """dtype string, shape and byte count of ``np.asarray(image)``, and a feeder of its bytes.
-
-    The feeder passes the bytes to ``update`` and returns how many it passed.
-    """
-    streamed = _streamed_pixels(image) if image.mode in _STREAMED_MODES else None
-    if streamed is not None:
-        return streamed
-    interface = image.__array_interface__
-    data: bytes = interface["data"]
-    return np.dtype(interface["typestr"]).str, tuple(interface["shape"]), len(data), partial(_fed, (data,))
-
-
-def _fed(chunks: Iterable[bytes], update: _Update) -> int:
-    """Pass ``chunks`` to ``update``; return how many bytes that was.
-
-    blake3 and hashlib let go of the GIL for all but tiny inputs. When another thread
-    is busy in Python, getting it back can take a whole switch interval (5 ms) per
-    chunk (a 1080p image, when it took this road, 120 ms instead of 2.5 ms). Once an
-    update took that long, the remaining chunks are joined and hashed in one update, as
-    vLLM does.
-    """
-    fed = 0
-    remaining = iter(chunks)
-    clock = time.perf_counter
-    for chunk in remaining:
-        started = clock()
-        update(chunk)
-        fed += len(chunk)
-        if clock() - started > _GIL_WAIT:
-            rest = b"".join(remaining)
-            if rest:
-                update(rest)
-            return fed + len(rest)
-    return fed
-
-
-def _streamed_pixels(image: Any) -> tuple[str, tuple[int, ...], int, Callable[[_Update], int]] | None:
-    from PIL import Image, ImageMode  # an image exists, so Pillow is imported already
-
-    try:
-        # What Image.__array_interface__ and tobytes() do, without joining the chunks.
-        descriptor = ImageMode.getmode(image.mode)
-        dtype = np.dtype(descriptor.typestr)
-        image.load()
-        width, height = image.size
-        bands = len(descriptor.bands)
-        shape = (height, width) if bands == 1 else (height, width, bands)
-        nbytes = width * height * max(bands, 1) * dtype.itemsize
-        if image.mode == "RGB" and nbytes >= _OVERLAPPED_BYTES and _band_packing_works():
-            return dtype.str, shape, nbytes, partial(_rgb_overlapped, image)
-        encoder = Image._getencoder(image.mode, "raw", "L" if image.mode == "1" else image.mode)
-    except (AttributeError, KeyError, OSError, TypeError, ValueError):
-        return None  # an unfamiliar Pillow: take the copying road
-    return dtype.str, shape, nbytes, partial(_fed, _packed(image, encoder, nbytes))
-
-
-def _packed(image: Any, encoder: Any, nbytes: int) -> Iterator[bytes]:
-    if nbytes == 0:
-        return
-    encoder.setimage(image.im, (0, 0, *image.size))
-    bufsize = max(_PIXEL_CHUNK, image.size[0] * 4)  # a whole line at least, as tobytes() does
-    try:
-        while True:
-            _, status, chunk = encoder.encode(bufsize)
-            yield chunk
-            if status:
-                break
-    finally:
-        encoder.cleanup()
-    if status < 0:
-        raise RuntimeError(f"encoder error {status} while packing {image.mode} pixels")
-
-
-def _rgb_overlapped(image: Any, update: _Update) -> int:
-    """Feed a large RGB image's packed pixels to ``update`` from a helper thread, packing as it hashes.
-
-    Each band of lines (:func:`_pasted_bands`) is packed into RGB by numpy in one of a
-    few slots, and a helper hashes a full slot while this thread pastes and packs the
-    next. Pillow's paste, numpy's copy, blake3 and hashlib all let go of the GIL, so the
-    two threads seldom wait for it (Pillow's RGB packer and its encoders hold it). Where
-    every helper is busy, this thread hashes each slot itself.
-
-    A band that took so long that this thread most likely waited for the GIL (another
-    thread busy in Python) ends the bands: the lines left are pasted, packed and hashed
-    in one piece each (:func:`_packed_rest`).
-    """
-    width, height = image.size
-    rows = max(_BAND_BYTES // (width * 4), 1)
-    free: queue.SimpleQueue[np.ndarray[Any, Any] | None] = queue.SimpleQueue()
-    full: queue.SimpleQueue[tuple[np.ndarray[Any, Any], int] | None] = queue.SimpleQueue()
-    failures: list[BaseException] = []
-
-    def hash_slots() -> None:
-        try:
-            while (packed := full.get()) is not None:
-                slot, size = packed
-                update(slot[:size].data)
-                free.put(slot)
-        except BaseException as exc:  # noqa: BLE001 - handed to the packing thread, which raises it
-            failures.append(exc)
-            free.put(None)
-
-    finished = _HELPERS.run(hash_slots)
-    for _ in range(_SLOTS if finished is not None else 1):
-        free.put(np.empty(rows * width * 3 + 1, np.uint8))  # +1: the last store writes 4 bytes
-    fed = 0
-    rest: np.ndarray[Any, Any] | None = None
-    told = False
-    clock = time.perf_counter
-    bands = _pasted_bands(image, rows)
-    try:
-        while (slot := free.get()) is not None:  # None: the helper failed
-            started = clock()  # waiting for a free slot (for the helper) does not count
-            pixels = next(bands, None)
-            if pixels is None:
-                break
-            _pack_rgbx(slot, pixels)
-            size = len(pixels) * 3
-            if finished is not None:
-                full.put((slot, size))
-            else:
-                update(slot[:size].data)
-                free.put(slot)
-            fed += size
-            if clock() - started > _GIL_WAIT and fed < width * height * 3:
-                if finished is not None:
-                    full.put(None)  # no more slots: the helper hashes its last ones meanwhile
-                    told = True
-                rest = _packed_rest(image, fed // (width * 3))
-                break
-    finally:
-        if finished is not None:
-            if not told:
-                full.put(None)
-            finished.wait()  # the helper has fed its last slot: nothing touches ``update`` after this
-    if failures:
-        raise failures[0]
-    if rest is not None:
-        update(rest[:-1].data)
-        fed += len(rest) - 1
-    return fed
-
-
-def _packed_rest(image: Any, top: int) -> np.ndarray[Any, Any]:
-    """The packed lines of an RGB image from ``top`` on, in one buffer (one spare byte at the end).
-
-    For when another thread keeps the GIL busy: pasting, packing and hashing them in one
-    piece each lets go of the GIL three times, not three times a band.
-    """
-    width, height = image.size
-    lines = height - top
-    out = np.empty(lines * width * 3 + 1, np.uint8)
-    _pack_rgbx(out, next(_pasted_bands(image, lines, top)))
-    return out
-
-
-def _pasted_bands(image: Any, rows: int, top: int = 0) -> Iterator[np.ndarray[Any, Any]]:
-    """An RGB image's 4-byte pixels (RGB and a pad byte), ``rows`` lines at a time from line ``top``.
-
-    Pillow's core pastes the lines into an RGBX image that shares its memory with a
-    numpy buffer, letting go of the GIL while it copies. The band is ours alone, so it
-    is written in place (``Image.paste`` would first copy a shared, read-only image).
-    Each band is valid until the next one is pasted; the last may have fewer lines.
-    """
-    from PIL import Image  # an image exists, so Pillow is imported already
-
-    width, height = image.size
-    pixels = np.empty(rows * width, np.uint32)
-    band = Image.frombuffer("RGBX", (width, rows), pixels, "raw", "RGBX", 0, 1)
-    paste, source = band.im.paste, image.im
-    for first in range(top, height, rows):
-        paste(source, (0, -first, width, height - first))  # the image moved up, clipped to the band
-        yield pixels[: min(rows, height - first) * width]
-
-
-_Job = tuple[Callable[[], None], threading.Event]  # work, and the event set once it is done
-
-
-class _Helpers:
-    """Threads that run hashing work for packing threads, kept from one call to the next.
-
-    A thread started for each image is slower to get going: 1.76x to 1.80x vLLM's hasher
-    for a 4K image against 1.85x to 1.96x with a kept helper, in the same benchmark
-    rounds on 2 vCPUs, measured when the pixels still came out of Pillow's encoder
-    (docs/benchmarks.md, "What it took"). At most ``limit`` helpers exist (one per
-    usable core); they wait, idle and holding nothing, for work. A process forked from
-    this one starts with none.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._forget()
-        os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        self._lock = threading.Lock()
-        self._idle: list[queue.SimpleQueue[_Job]] = []
-        self._started = 0
-
-    def run(self, work: Callable[[], None]) -> threading.Event | None:
-        """Hand ``work`` (which must not raise) to an idle helper; None where none is free.
-
-        The event is set once ``work`` has returned and its helper is idle again, so a
-        caller that waits for it finds that helper free for its next call.
-        """
-        with self._lock:
-            if self._idle:
-                inbox = self._idle.pop()
-            elif self._started < self._limit:
-                inbox = queue.SimpleQueue()
-                helper = threading.Thread(
-                    target=self._serve, args=(inbox,), name="omni-requests hashing", daemon=True
-                )
-                try:
-                    helper.start()
-                except RuntimeError:  # no threads to be had (a limit, or shutting down)
-                    return None
-                self._started += 1
-            else:
-                return None
-        finished = threading.Event()
-        inbox.put((work, finished))
-        return finished
-
-    def _serve(self, inbox: queue.SimpleQueue[_Job]) -> None:
-        while True:
-            work, finished = inbox.get()
-            work()
-            del work  # an idle helper keeps no slots, image or digest alive
-            with self._lock:
-                self._idle.append(inbox)
-            finished.set()
-
-
-_HELPERS: Final = _Helpers(
-    limit=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-)
-
-
-def _pack_rgbx(out: np.ndarray[Any, Any], pixels: np.ndarray[Any, Any]) -> None:
-    """Write the RGB of each 4-byte pixel (a uint32 each) into the start of ``out``.
-
-    Each pixel is stored whole, 4 bytes, 3 bytes after the previous one: in ascending
-    order every store's fourth byte is overwritten by the next pixel's first, leaving
-    the packed RGB (and one spare byte at the end). A single copy, 7x faster than
-    numpy's 3-byte field copy; :func:`_band_packing_works` checks numpy keeps that order.
-    """
-    stores = np.ndarray((len(pixels),), np.uint32, out, 0, (3,))
-    np.copyto(stores, pixels)
-
-
-@cache
-def _band_packing_works() -> bool:
-    """Whether pasted bands, packed, give Pillow's own RGB bytes with this Pillow and numpy.
-
-    Checked once, on a probe of several bands and a short last one; where it fails
-    (numpy stores in another order, a Pillow that copies instead of sharing the band's
-    memory or pastes differently), large RGB images take Pillow's packer instead.
-    """
-    from PIL import Image  # an image exists, so Pillow is imported already
-
-    width, height, rows = 2053, 7, 3
-    probe = Image.frombytes(
-        "RGB", (width, height), (np.arange(width * height * 3) * 7 % 251).astype(np.uint8).tobytes()
-    )
-    out = np.empty(rows * width * 3 + 1, np.uint8)
-    packed = []
-    try:
-        for pixels in _pasted_bands(probe, rows):
-            _pack_rgbx(out, pixels)
-            packed.append(out[: len(pixels) * 3].tobytes())
-    except Exception:  # noqa: BLE001 - any surprise from an unfamiliar Pillow: keep off this road
-        return False
-    return b"".join(packed) == probe.tobytes()
 
 
 _EXIF_ORIENTATION: Final = 0x0112

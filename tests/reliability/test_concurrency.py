@@ -31,7 +31,7 @@ from omni_requests import (
     rendered_uuids,
     scope_to_replica,
 )
-from omni_requests import _hashing as hashing
+from omni_requests import _image_road as road
 from omni_requests_vllm import to_vllm
 
 from ._inputs import snapshot
@@ -203,4 +203,4 @@ def test_large_images_hashed_from_many_threads_at_once() -> None:
         keys = list(pool.map(lambda i: hasher.key("image", images[i % 4]), range(32)))
     assert keys == [expected[i % 4] for i in range(32)]
     # Callers beyond the helpers hash on their own thread: helpers never outnumber the cores.
-    assert 1 <= hashing._HELPERS._started <= len(os.sched_getaffinity(0))
+    assert 1 <= road._HELPERS.count().started <= len(os.sched_getaffinity(0))

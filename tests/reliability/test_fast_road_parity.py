@@ -12,7 +12,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import threading
-import time
 import uuid
 import weakref
 from functools import partial
@@ -25,6 +24,7 @@ from PIL import Image
 
 from omni_requests import MediaHasher
 from omni_requests import _hashing as hashing
+from omni_requests import _image_road as road
 
 from ..conftest import record_calls
 
@@ -44,7 +44,7 @@ DTYPES = [
     "M8[s]",
 ]
 SHAPES = [(1,), (7,), (3, 5), (2, 3, 4), (0, 3), (1, 1, 1, 1)]
-MODES = sorted(hashing._STREAMED_MODES)
+MODES = sorted(road._STREAMED_MODES)
 SIZES = [(1, 1), (5, 3), (0, 4), (4, 0), (257, 129), (3000, 90)]
 LARGE = (2001, 1401)  # 8.4 MB of RGB pixels: packed while a helper thread hashes
 
@@ -99,7 +99,7 @@ def test_streamed_images_hash_like_the_copying_road(
     hasher = MediaHasher("/m")
     image = _image(mode, size)
     streamed = hasher.key("image", image)
-    monkeypatch.setattr(hashing, "_STREAMED_MODES", frozenset())
+    monkeypatch.setattr(road, "ENABLED", False)  # the switch: Pillow's own copying road
     assert hasher.key("image", image) == streamed
 
 
@@ -108,21 +108,21 @@ def test_an_unfamiliar_pillow_takes_the_copying_road(
     size: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     image = _image("RGB", size)
-    assert hashing._streamed_pixels(image) is not None
+    assert road._streamed_pixels(image) is not None
 
     def missing(*_: object) -> None:
         raise OSError("encoder raw not available")
 
     monkeypatch.setattr(Image, "_getencoder", missing)
-    monkeypatch.setattr(hashing, "_band_packing_works", lambda: False)
-    assert hashing._streamed_pixels(image) is None
+    monkeypatch.setattr(road, "_band_packing_works", lambda: False)
+    assert road._streamed_pixels(image) is None
 
 
 def test_a_packing_surprise_raises_instead_of_returning_a_wrong_key(monkeypatch: pytest.MonkeyPatch) -> None:
     def short(image: Any) -> Any:
-        return "|u1", (1, 1), 5, partial(hashing._fed, [b"abc"])
+        return road.Pixels("|u1", (1, 1), 5, partial(road._fed, [b"abc"]))
 
-    monkeypatch.setattr(hashing, "_pixels", short)
+    monkeypatch.setattr(hashing, "pixels", short)
     with pytest.raises(RuntimeError, match="packed 3 bytes"):
         MediaHasher("/m").key("image", _image("RGB", (1, 1)))
 
@@ -133,14 +133,14 @@ def test_a_packing_surprise_raises_instead_of_returning_a_wrong_key(monkeypatch:
 def _copying_road_key(hasher: MediaHasher, image: Any, monkeypatch: pytest.MonkeyPatch) -> str:
     """The key through Pillow's own ``tobytes()``: the bytes vLLM hashes, no packer of ours."""
     with monkeypatch.context() as patch:
-        patch.setattr(hashing, "_STREAMED_MODES", frozenset())
+        patch.setattr(road, "ENABLED", False)
         return hasher.key("image", image)
 
 
 @pytest.fixture
 def overlapped(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """The images that took the helper-thread road."""
-    return record_calls(monkeypatch, hashing, "_rgb_overlapped", 0)
+    return record_calls(monkeypatch, road, "_rgb_overlapped", 0)
 
 
 @pytest.mark.parametrize("algorithm", ["blake3", "sha256"])
@@ -148,7 +148,7 @@ def overlapped(monkeypatch: pytest.MonkeyPatch) -> list[object]:
 def test_large_rgb_images_hash_like_the_copying_road(
     algorithm: Any, size: tuple[int, int], overlapped: list[object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert size[0] * size[1] * 3 >= hashing._OVERLAPPED_BYTES
+    assert size[0] * size[1] * 3 >= road._OVERLAPPED_BYTES
     hasher = MediaHasher("/m", algorithm)
     image = _image("RGB", size)
     key = hasher.key("image", image)
@@ -159,9 +159,9 @@ def test_large_rgb_images_hash_like_the_copying_road(
 def test_overlapping_stores_pack_rgbx_as_pillow_packs_rgb() -> None:
     image = _image("RGB", (7, 5))
     out = np.zeros(7 * 5 * 3 + 1, np.uint8)
-    hashing._pack_rgbx(out, np.frombuffer(image.tobytes("raw", "RGBX"), np.uint32))
+    road._pack_rgbx(out, np.frombuffer(image.tobytes("raw", "RGBX"), np.uint32))
     assert out[:-1].tobytes() == image.tobytes()
-    assert hashing._band_packing_works()
+    assert road._band_packing_works()
 
 
 @pytest.mark.parametrize("rows", [1, 4, 5, 13])  # 13 lines: bands of 4 end with one line
@@ -169,7 +169,7 @@ def test_pasted_bands_hold_the_images_lines_in_order(rows: int) -> None:
     image = _image("RGB", (37, 13))
     lines = np.asarray(image)
     top = 0
-    for band in hashing._pasted_bands(image, rows):
+    for band in road._pasted_bands(image, rows):
         count = len(band) // 37
         assert count == min(rows, 13 - top)
         rgb = band.view(np.uint8).reshape(count, 37, 4)[..., :3]
@@ -188,18 +188,18 @@ def test_where_band_packing_would_differ_pillows_packer_is_used(
     image = _image("RGB", LARGE)
     expected = _copying_road_key(hasher, image, monkeypatch)
     if surprise == "numpy stores out of order":
-        monkeypatch.setattr(hashing, "_pack_rgbx", lambda out, pixels: out.fill(0))
+        monkeypatch.setattr(road, "_pack_rgbx", lambda out, pixels: out.fill(0))
     elif surprise == "Pillow copies the band":  # the band no longer shares the numpy buffer
         frombuffer = Image.frombuffer
         monkeypatch.setattr(Image, "frombuffer", lambda *args: frombuffer(*args).copy())
     else:
         monkeypatch.delattr(Image, "frombuffer")
-    hashing._band_packing_works.cache_clear()
+    road._band_packing_works.cache_clear()
     try:
-        assert not hashing._band_packing_works()
+        assert not road._band_packing_works()
         assert hasher.key("image", image) == expected
     finally:
-        hashing._band_packing_works.cache_clear()
+        road._band_packing_works.cache_clear()
     assert overlapped == []
 
 
@@ -215,9 +215,10 @@ def test_a_failing_digest_update_reaches_the_caller_and_stops_the_hashing(
             raise OSError("digest failed")
 
     with pytest.raises(OSError, match="digest failed"):
-        hashing._pixels(image)[3](update)
-    time.sleep(0.05)
-    assert len(seen) == 3  # nothing hashed after the failure, nor after the call returned
+        road.pixels(image).feed(update)
+    assert len(seen) == 3  # nothing hashed after the failure
+    assert road._HELPERS.wait_idle(timeout=30)
+    assert len(seen) == 3  # nor by a helper still busy after the call returned
     hasher = MediaHasher("/m")  # and the helpers serve the next image as before
     assert hasher.key("image", image) == _copying_road_key(hasher, image, monkeypatch)
 
@@ -227,7 +228,7 @@ def test_a_failure_while_packing_reaches_the_caller_and_stops_the_hashing(
 ) -> None:
     image = _image("RGB", LARGE)
     packed: list[int] = []
-    real = hashing._pack_rgbx
+    real = road._pack_rgbx
 
     def failing(out: Any, pixels: Any) -> None:
         if len(packed) == 5:
@@ -237,11 +238,11 @@ def test_a_failure_while_packing_reaches_the_caller_and_stops_the_hashing(
 
     fed: list[int] = []
     with monkeypatch.context() as patch:
-        patch.setattr(hashing, "_pack_rgbx", failing)
+        patch.setattr(road, "_pack_rgbx", failing)
         with pytest.raises(MemoryError, match="no room"):
-            hashing._pixels(image)[3](lambda chunk: fed.append(len(chunk)))
+            road.pixels(image).feed(lambda chunk: fed.append(len(chunk)))
     count = len(fed)
-    time.sleep(0.05)
+    assert road._HELPERS.wait_idle(timeout=30)
     assert len(fed) == count  # the helper was done with this image when the call ended
     hasher = MediaHasher("/m")
     assert hasher.key("image", image) == _copying_road_key(hasher, image, monkeypatch)
@@ -250,7 +251,7 @@ def test_a_failure_while_packing_reaches_the_caller_and_stops_the_hashing(
 def test_with_every_helper_busy_the_packing_thread_hashes_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     hasher = MediaHasher("/m")
     image = _image("RGB", LARGE)
-    monkeypatch.setattr(hashing._HELPERS, "run", lambda work: None)
+    monkeypatch.setattr(road._HELPERS, "run", lambda work: None)
     assert hasher.key("image", image) == _copying_road_key(hasher, image, monkeypatch)
 
 
@@ -263,65 +264,73 @@ def test_helpers_are_few_and_keep_nothing_alive() -> None:
 
     digest = Digest()
     gone = weakref.ref(digest)
-    hashing._pixels(image)[3](digest.update)
+    road.pixels(image).feed(digest.update)
     del digest
     assert gone() is None  # the helper let go of the work before its caller woke
-    assert 1 <= hashing._HELPERS._started <= len(os.sched_getaffinity(0))
+    assert 1 <= road._HELPERS.count().started <= len(os.sched_getaffinity(0))
     assert "omni-requests hashing" in {t.name for t in threading.enumerate()}
 
 
 def test_a_caller_that_waited_for_its_helper_finds_it_free_again() -> None:
     # Back-to-back images from one thread should always get the kept helper: the helper
-    # must be idle again before its caller wakes. Slowing the helper's way back to idle
-    # makes a caller that woke too early find no helper.
-    helpers = hashing._Helpers(limit=1)
-    caller = threading.current_thread()
-    real = helpers._lock
-
-    class SlowForHelpers:
-        def __enter__(self) -> None:
-            if threading.current_thread() is not caller:
-                time.sleep(0.02)
-            real.acquire()
-
-        def __exit__(self, *exc: object) -> None:
-            real.release()
-
-    helpers._lock = SlowForHelpers()  # type: ignore[assignment]
-    for _ in range(5):
+    # must be listed idle again before its caller wakes. While this thread holds the
+    # helpers' lock the helper cannot list itself, so its caller must not wake either.
+    helpers = road._Helpers(limit=1)
+    for _ in range(3):
         finished = helpers.run(lambda: None)
         assert finished is not None
+        with helpers._lock:
+            assert not finished.wait(timeout=0.2)  # a wake-up here would come too early
         finished.wait()
+        assert helpers.count() == (1, 1)
 
 
 # -- another thread busy in Python: each release of the GIL may cost a switch interval (5 ms) --
 
 
+class _Clock:
+    """The roads' clock, made to jump: a step that "took" a second looks like it waited for the GIL."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def jump(self) -> None:
+        self.now += 1.0
+
+
 class _Recorder:
     """A digest's ``update`` that records each chunk's size and hashes the chunks with blake3."""
 
-    def __init__(self, slow_at: int = 0) -> None:
+    def __init__(self, clock: _Clock | None = None, slow_at: int = 0) -> None:
         self.sizes: list[int] = []
         self.digest = blake3()
+        self._clock = clock
         self._slow_at = slow_at
 
     def update(self, chunk: Any) -> None:
         self.sizes.append(len(chunk))
         self.digest.update(chunk)
-        if len(self.sizes) == self._slow_at:
-            time.sleep(0.01)  # as long as getting the GIL back can take
+        if self._clock is not None and len(self.sizes) == self._slow_at:
+            self._clock.jump()  # as long as getting the GIL back can take
 
 
-def test_after_a_slow_update_the_rest_of_an_image_is_hashed_in_one_piece() -> None:
+def test_after_a_slow_update_the_rest_of_an_image_is_hashed_in_one_piece(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     image = _image("RGB", (1200, 1000))  # below 4 MiB: packed by Pillow a chunk at a time
     nbytes = 1200 * 1000 * 3
-    assert nbytes < hashing._OVERLAPPED_BYTES
-    chunks = [len(c) for c in hashing._packed(image, Image._getencoder("RGB", "raw", "RGB"), nbytes)]
+    assert nbytes < road._OVERLAPPED_BYTES
+    chunks = [len(c) for c in road._packed(image, Image._getencoder("RGB", "raw", "RGB"), nbytes)]
     assert len(chunks) > 10
-    slow = _Recorder(slow_at=2)
-    assert hashing._pixels(image)[3](slow.update) == nbytes
+    clock = _Clock()
+    monkeypatch.setattr(road, "_clock", clock)
+    slow = _Recorder(clock, slow_at=2)
+    assert road.pixels(image).feed(slow.update) == nbytes
     *first, rest = slow.sizes
-    assert 1 <= len(first) <= 2  # the second update at the latest ended the chunks
+    assert len(first) == 2  # the second update ended the chunks
     assert first == chunks[: len(first)] and rest == nbytes - sum(first)
     assert slow.digest.hexdigest() == blake3(image.tobytes()).hexdigest()
 
@@ -331,22 +340,25 @@ def test_after_a_slow_band_the_rest_of_a_large_image_is_hashed_in_one_piece(
     helped: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     image = _image("RGB", LARGE)
-    assert hashing._band_packing_works()  # checked now, so only the image's bands are counted
+    assert road._band_packing_works()  # checked now, so only the image's bands are counted
     if not helped:
-        monkeypatch.setattr(hashing._HELPERS, "run", lambda work: None)
-    packed = record_calls(monkeypatch, hashing, "_pack_rgbx", 1)
-    real = hashing._pack_rgbx
+        monkeypatch.setattr(road._HELPERS, "run", lambda work: None)
+    packed = record_calls(monkeypatch, road, "_pack_rgbx", 1)
+    real = road._pack_rgbx
+
+    clock = _Clock()
 
     def slow_third(out: Any, pixels: Any) -> None:
         real(out, pixels)
         if len(packed) == 3:
-            time.sleep(0.01)
+            clock.jump()
 
-    monkeypatch.setattr(hashing, "_pack_rgbx", slow_third)
+    monkeypatch.setattr(road, "_pack_rgbx", slow_third)
+    monkeypatch.setattr(road, "_clock", clock)
     recorder = _Recorder()
-    assert hashing._pixels(image)[3](recorder.update) == 2001 * 1401 * 3
+    assert road.pixels(image).feed(recorder.update) == 2001 * 1401 * 3
     *bands, rest = recorder.sizes
-    assert 1 <= len(bands) <= 3  # the third band at the latest ended the bands
+    assert len(bands) == 3  # the third band ended the bands
     assert len(set(bands)) == 1 and rest > bands[0]
     assert recorder.digest.hexdigest() == blake3(image.tobytes()).hexdigest()
 
@@ -422,3 +434,23 @@ def test_a_4k_image_and_other_media_match_vllm(vllm_key: Any) -> None:
     ]:
         for algorithm in ("blake3", "sha512"):
             assert MediaHasher("/m", algorithm).key(modality, item) == vllm_key(algorithm, modality, item)
+
+
+def test_the_switch_turns_the_road_off_with_the_same_keys() -> None:
+    # OMNI_REQUESTS_NO_IMAGE_ROAD, read at import: Pillow's own copy, no helper threads.
+    import subprocess
+    import sys
+
+    code = (
+        "import threading, numpy as np; from PIL import Image;"
+        "from omni_requests import MediaHasher, _image_road as road;"
+        "image = Image.fromarray(np.random.default_rng(5).integers(0, 256, (1401, 2001, 3), np.uint8));"
+        "print(road.ENABLED, MediaHasher('/m').key('image', image),"
+        " any(t.name == 'omni-requests hashing' for t in threading.enumerate()))"
+    )
+    image = Image.fromarray(np.random.default_rng(5).integers(0, 256, (1401, 2001, 3), np.uint8))
+    expected = MediaHasher("/m").key("image", image)
+    env = {**os.environ, "OMNI_REQUESTS_NO_IMAGE_ROAD": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", expected, "False"]

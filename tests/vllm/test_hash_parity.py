@@ -37,7 +37,7 @@ from PIL import Image
 from pyrsistent import pvector
 from vllm.multimodal.hasher import MultiModalHasher
 
-from omni_requests import MediaHasher, PromptTypeError, TextPrompt, _hashing
+from omni_requests import MediaHasher, PromptTypeError, TextPrompt, _image_road
 from omni_requests.strategies import (
     HASH_ALGORITHMS,
     IMAGE_MODES,
@@ -134,7 +134,7 @@ def test_images_of_each_mode(mode: str, hasher: MediaHasher, data: st.DataObject
 def test_large_rgb_images_packed_while_a_helper_thread_hashes(algorithm: str) -> None:
     # At 4 MiB of pixels and up, RGB images take their own road (see _rgb_overlapped).
     height, width = 1401, 2001
-    assert height * width * 3 >= _hashing._OVERLAPPED_BYTES
+    assert height * width * 3 >= _image_road._OVERLAPPED_BYTES
     image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (height, width, 3), dtype=np.uint8))
     hasher = MediaHasher("m", algorithm)  # type: ignore[arg-type]
     assert hasher.key("image", image) == _vllm_key(hasher, "image", image)
