@@ -313,7 +313,7 @@ class _Helpers:
     A thread started for each image is slower to get going: 1.76x to 1.80x vLLM's hasher
     for a 4K image against 1.85x to 1.96x with a kept helper, in the same benchmark
     rounds on 2 vCPUs, measured when the pixels still came out of Pillow's encoder
-    (docs/benchmarks.md, "What it took"). At most ``limit`` helpers exist (one per
+    (docs/notes/benchmark-history.md). At most ``limit`` helpers exist (one per
     usable core); they wait, idle and holding nothing, for work. A process forked from
     this one starts with none.
 
