@@ -189,7 +189,39 @@ def _single_from_vllm(prompt: object) -> SinglePrompt:
         )
     if "encoder_prompt" in prompt:
         raise InvalidPromptError("$.encoder_prompt", "encoder-decoder prompts cannot be nested")
-    return kind(**{key: value for key, value in prompt.items()})
+    return kind(**_as_vllm_reads(prompt))
+
+
+def _as_vllm_reads(prompt: Mapping[str, object]) -> dict[str, object]:
+    """The fields as vLLM's renderer reads them.
+
+    A modality whose data is None and has UUIDs is dropped with them: vLLM ignores both
+    (no item, so no key); without UUIDs vLLM refuses it, and so do records. A str is no
+    image: vLLM's renderer refuses it.
+    """
+    fields = dict(prompt)
+    data = fields.get("multi_modal_data")
+    if not isinstance(data, Mapping):
+        return fields
+    image = data.get("image")
+    if isinstance(image, str):
+        raise PromptTypeError("$.multi_modal_data.image", "a str is not an image (vLLM refuses it)")
+    if isinstance(image, (list, tuple)):
+        for i, item in enumerate(image):
+            if isinstance(item, str):
+                raise PromptTypeError(
+                    f"$.multi_modal_data.image[{i}]", "a str is not an image (vLLM refuses it)"
+                )
+    uuids = fields.get("multi_modal_uuids")
+    if not isinstance(uuids, Mapping):
+        return fields
+    dropped = {
+        modality for modality, value in data.items() if value is None and uuids.get(modality) is not None
+    }
+    if dropped:
+        fields["multi_modal_data"] = {m: v for m, v in data.items() if m not in dropped}
+        fields["multi_modal_uuids"] = {m: u for m, u in uuids.items() if m not in dropped}
+    return fields
 
 
 def _kind_of(prompt: Mapping[str, object]) -> type[SinglePrompt]:
