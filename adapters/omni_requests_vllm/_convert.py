@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any, Final, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, overload
 
 import attrs
 import numpy as np
@@ -23,6 +23,14 @@ from omni_requests import (
 )
 from omni_requests._errors import type_name
 from omni_requests._media import is_pil_image, is_torch_tensor, thaw
+
+if TYPE_CHECKING:
+    # vLLM's own prompt types, for type checkers only: `llm.generate(to_vllm(record))`
+    # then checks against vLLM's signatures. At run time to_vllm returns plain dicts.
+    from vllm.inputs import EmbedsPrompt as _VllmEmbedsPrompt
+    from vllm.inputs import ExplicitEncoderDecoderPrompt as _VllmEncoderDecoderPrompt
+    from vllm.inputs import TextPrompt as _VllmTextPrompt
+    from vllm.inputs import TokensPrompt as _VllmTokensPrompt
 
 __all__ = ["VllmPrompt", "from_vllm", "to_vllm"]
 
@@ -59,11 +67,19 @@ _AS_IS: Final = frozenset({str, bytes, int, float, bool, type(None), np.ndarray}
 
 
 @overload
-def to_vllm(prompt: SinglePrompt) -> VllmPrompt: ...
+def to_vllm(prompt: TextPrompt) -> _VllmTextPrompt: ...
 @overload
-def to_vllm(prompt: EncoderDecoderPrompt) -> VllmPrompt: ...
-def to_vllm(prompt: Prompt) -> VllmPrompt:
+def to_vllm(prompt: TokensPrompt) -> _VllmTokensPrompt: ...
+@overload
+def to_vllm(prompt: EmbedsPrompt) -> _VllmEmbedsPrompt: ...
+@overload
+def to_vllm(prompt: EncoderDecoderPrompt) -> _VllmEncoderDecoderPrompt: ...
+def to_vllm(prompt: Prompt) -> Any:
     """The vLLM prompt dict for ``prompt``, with its media keys rendered.
+
+    To a type checker the result is vLLM's own prompt type for the record's kind
+    (``vllm.inputs.TextPrompt`` for a :class:`~omni_requests.TextPrompt`, and so on), so
+    ``llm.generate(to_vllm(record))`` type-checks; at run time it is a plain dict.
 
     Only fields that are set appear. Lists, dicts and tuples are fresh plain objects
     each call, so the engine may change them without reaching the record; arrays are
