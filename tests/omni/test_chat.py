@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from omni_requests_omni import (
     decode_wav,
     scope_stage0,
 )
+from omni_requests_omni._loaders import read_under
 from omni_requests_vllm import to_vllm
 
 from ._helpers import (
@@ -84,7 +86,9 @@ def test_data_urls_of_each_modality_load_into_items_in_order() -> None:
         image_array(1).tolist(),
         image_array(4).tolist(),
     ]
-    assert all(isinstance(image, Image.Image) and image.mode == "RGB" for image in images)
+    # Decoded by vLLM's ImageMediaIO where vLLM is installed: the item keeps its PNG bytes.
+    assert all(isinstance(image, Image.Image) or type(image).__name__ == "MediaWithBytes" for image in images)
+    assert all(np.asarray(image).shape[-1] == 3 for image in images)
     (video,) = prompt.multi_modal_data["video"]
     assert deep_equal(np.asarray(video), video_array(2))
     ((samples, rate),) = prompt.multi_modal_data["audio"]
@@ -161,7 +165,7 @@ def test_a_custom_loader_can_take_over_any_url() -> None:
         (
             {"type": "image_url", "image_url": {"url": data_url("image/png", b"not a png")}},
             MediaLoadError,
-            r"not an image",
+            r"(not an image|Failed to load image)",
         ),
         (
             {"type": "image_url", "image_url": {"url": "/tmp/cat.png"}},
@@ -171,7 +175,7 @@ def test_a_custom_loader_can_take_over_any_url() -> None:
         (
             {"type": "video_url", "video_url": {"url": data_url("video/mp4", b"....")}},
             MediaLoadError,
-            r"cannot decode a video/mp4 video.*plug in a loader",
+            r"cannot decode (a video/mp4 video.*plug in a loader|the video)",
         ),
         (
             {"type": "video_url", "video_url": {"url": data_url("video/x-npy", npy_bytes(image_array(1)))}},
@@ -181,7 +185,7 @@ def test_a_custom_loader_can_take_over_any_url() -> None:
         (
             {"type": "input_audio", "input_audio": {"data": b64(b"ID3...."), "format": "mp3"}},
             MediaLoadError,
-            r"cannot decode audio/mp3 audio",
+            r"cannot decode (audio/mp3 audio|the audio)",
         ),
         (
             {"type": "input_audio", "input_audio": {"data": b64(b"RIFF...."), "format": "wav"}},
@@ -326,3 +330,87 @@ def test_transparent_images_are_composited_over_white_like_vllm() -> None:
     pixels = np.asarray(prompt.multi_modal_data["image"][0])
     assert pixels.shape == (2, 2, 3)
     assert pixels[0, 0].tolist() == [10, 20, 30] and pixels[1, 1].tolist() == [255, 255, 255]
+
+
+# -- bad media: a clear error naming the part, in bounded time and memory ----------------
+
+
+def _png_of_size(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("1", (width, height)).save(buffer, format="PNG")  # compresses to almost nothing
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("use_vllm", [None, False])
+def test_a_decompression_bomb_is_refused_before_decoding(use_vllm: bool | None) -> None:
+    bomb = _png_of_size(20_000, 20_000)  # 400 M pixels in a few tens of KB
+    assert len(bomb) < 100_000
+    loader = DefaultLoader(use_vllm=use_vllm)
+    with pytest.raises(
+        MediaLoadError, match=r"^\$\[0\]\.content\[0\]\.image_url: the image (has|is too large)"
+    ):
+        chat_to_prompt(
+            _user({"type": "image_url", "image_url": {"url": data_url("image/png", bomb)}}), loader=loader
+        )
+    small = DefaultLoader(max_pixels=100, use_vllm=use_vllm)
+    with pytest.raises(
+        MediaLoadError, match=r"image_url: the image has 20x20 = 400 pixels, more than max_pixels=100"
+    ):
+        chat_to_prompt(
+            _user({"type": "image_url", "image_url": {"url": data_url("image/png", _png_of_size(20, 20))}}),
+            loader=small,
+        )
+
+
+def test_an_npy_header_declaring_more_than_its_bytes_is_refused() -> None:
+    from numpy.lib import format as npy
+
+    buffer = io.BytesIO()
+    npy.write_array_header_1_0(buffer, {"descr": "|u1", "fortran_order": False, "shape": (1 << 40, 4, 4, 3)})
+    enormous = buffer.getvalue() + bytes(64)
+    with pytest.raises(
+        MediaLoadError, match=r"video_url: the \.npy header declares shape .* but the data holds 64 bytes"
+    ):
+        chat_to_prompt(_user({"type": "video_url", "video_url": data_url("video/x-npy", enormous)}))
+
+
+def test_a_fifo_in_the_allowed_folder_is_refused_not_waited_on(tmp_path: Path) -> None:
+    fifo = tmp_path / "clip.wav"
+    os.mkfifo(fifo)
+    loader = DefaultLoader(allowed_local_media_path=tmp_path)
+    with pytest.raises(MediaLoadError, match=r"input_audio|audio_url: .*not a regular file"):
+        chat_to_prompt(_user({"type": "audio_url", "audio_url": {"url": fifo.as_uri()}}), loader=loader)
+
+
+def test_a_symlink_swapped_in_after_the_check_is_refused(tmp_path: Path) -> None:
+    allowed, outside = tmp_path / "allowed", tmp_path / "outside"
+    allowed.mkdir()
+    outside.mkdir()
+    (outside / "secret.png").write_bytes(png_bytes(1))
+    checked = allowed / "cat.png"  # checked while it was a plain file under the folder ...
+    checked.write_bytes(png_bytes(2))
+    assert read_under(allowed.resolve(), checked.resolve(), 1 << 20) == png_bytes(2)
+    checked.unlink()  # ... then swapped for a link out of it before the read
+    checked.symlink_to(outside / "secret.png")
+    with pytest.raises(MediaLoadError, match="cannot open"):
+        read_under(allowed.resolve(), checked, 1 << 20)
+    # A folder on the way swapped for a link: caught by where the opened file really is.
+    (allowed / "sub").symlink_to(outside)
+    with pytest.raises(MediaLoadError, match="outside allowed_local_media_path when opened"):
+        read_under(allowed.resolve(), allowed.resolve() / "sub" / "secret.png", 1 << 20)
+    # And through the loader, a link out of the folder never passes the check.
+    loader = DefaultLoader(allowed_local_media_path=allowed)
+    with pytest.raises(MediaLoadError, match=r"image_url: the file .* is not under allowed_local_media_path"):
+        chat_to_prompt(_user({"type": "image_url", "image_url": {"url": checked.as_uri()}}), loader=loader)
+
+
+def test_the_fallback_decodes_images_to_vllms_pixels() -> None:
+    vllm_media = pytest.importorskip("vllm.multimodal.media")
+    for seed in range(3):
+        for mode in ("RGB", "RGBA", "P", "L"):
+            buffer = io.BytesIO()
+            Image.fromarray(image_array(seed)).convert(mode).save(buffer, format="PNG")
+            data = buffer.getvalue()
+            ours = DefaultLoader(use_vllm=False)("image", data_url("image/png", data))
+            theirs = vllm_media.ImageMediaIO().load_bytes(data)
+            assert np.asarray(ours).tobytes() == np.asarray(theirs.media).tobytes()
