@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -56,10 +58,56 @@ def test_key_prints_the_content_key_of_each_file(tmp_path: Path, capsys: pytest.
         == 0
     )
     hasher = MediaHasher("m", "sha256")
-    assert capsys.readouterr().out.splitlines() == [
-        f"{hasher.key('video', frames)}  {tmp_path / 'clip.npy'}",
-        f"{hasher.key('image', image)}  {tmp_path / 'pic.png'}",
-    ]
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{hasher.key('video', frames)}  {tmp_path / 'clip.npy'}  [array]"
+    assert lines[-1] == f"{hasher.key('image', image)}  {tmp_path / 'pic.png'}  [pixels]"
+    vllm_media = pytest.importorskip("vllm.multimodal.media")
+    from vllm.multimodal.hasher import MultiModalHasher
+
+    # The key vLLM's server assigns when this file arrives in a request: its bytes.
+    served = vllm_media.ImageMediaIO().load_bytes((tmp_path / "pic.png").read_bytes())
+    server_key = MultiModalHasher.hash_kwargs("sha256", model_id="m", image=served)
+    assert lines[1] == f"{server_key}  {tmp_path / 'pic.png'}  [server]"
+    assert server_key != hasher.key("image", image)
+
+
+def test_key_reads_stdin_validates_modality_and_has_a_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    frames = np.zeros((2, 4, 4, 3), np.uint8)
+    buffer = io.BytesIO()
+    np.save(buffer, frames)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(buffer.getvalue())))
+    assert main(["key", "--model", "m", "-"]) == 0
+    assert capsys.readouterr().out == f"{MediaHasher('m').key('video', frames)}  -  [array]\n"
+    with pytest.raises(SystemExit) as exit_:
+        main(["key", "--model", "m", "--modality", "bogus", "x.png"])
+    assert exit_.value.code == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith("omni-requests ")
+
+
+def test_key_never_prints_a_traceback_for_bad_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    os.mkfifo(tmp_path / "fifo.png")
+    Image.new("1", (20_000, 20_000)).save(tmp_path / "bomb.png")
+    from numpy.lib import format as npy
+
+    with open(tmp_path / "huge.npy", "wb") as file:
+        npy.write_array_header_1_0(file, {"descr": "<f4", "fortran_order": False, "shape": (1 << 40,)})
+    (tmp_path / "junk.png").write_bytes(b"not an image")
+    names = [str(tmp_path / n) for n in ("fifo.png", "bomb.png", "huge.npy", "junk.png", "missing.png")]
+    assert main(["key", "--model", "m", *names]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+    lines = captured.err.splitlines()
+    assert len(lines) == len(names)
+    assert all(line.startswith(f"omni-requests: {n}: ") for line, n in zip(lines, names, strict=True))
+    assert "not a regular file" in captured.err and "more than its bytes hold" in captured.err
 
 
 def test_key_reports_bad_files_and_keeps_going(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -78,7 +126,7 @@ def test_key_reports_bad_files_and_keeps_going(tmp_path: Path, capsys: pytest.Ca
     captured = capsys.readouterr()
     assert status == 1
     assert "missing.png" in captured.err and "pass --modality" in captured.err
-    assert captured.out.endswith(f"  {tmp_path / 'ok.npy'}\n")
+    assert captured.out.endswith(f"  {tmp_path / 'ok.npy'}  [array]\n")
 
 
 def test_module_entry_point_runs() -> None:
