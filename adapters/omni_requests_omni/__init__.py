@@ -6,6 +6,7 @@ its classes. Records already carry vllm-omni's prompt fields, so
 """
 
 from ._chat import DEFAULT_PLACEHOLDERS, ChatTemplate, chat_to_prompt, default_chat_template
+from ._install import LoadBalancer, Stage0Balancer, Stage0Scoping, install_stage0_scoping
 from ._loaders import DefaultLoader, MediaLoader, MediaLoadError, RemoteMediaError, decode_wav
 from ._routing import CacheAffinity, RoundRobin, RouteRequest, SelectReplica
 from ._stage0 import Stage0Pool, Stage0Result, scope_stage0
@@ -15,16 +16,20 @@ __all__ = [
     "CacheAffinity",
     "ChatTemplate",
     "DefaultLoader",
+    "LoadBalancer",
     "MediaLoadError",
     "MediaLoader",
     "RemoteMediaError",
     "RoundRobin",
     "RouteRequest",
     "SelectReplica",
+    "Stage0Balancer",
     "Stage0Pool",
     "Stage0Result",
+    "Stage0Scoping",
     "chat_to_prompt",
     "decode_wav",
     "default_chat_template",
+    "install_stage0_scoping",
     "scope_stage0",
 ]

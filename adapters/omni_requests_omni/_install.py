@@ -1,0 +1,285 @@
+"""Our stage-0 scoping, installed into a running vllm-omni ``AsyncOmniEngine``.
+
+vllm-omni 0.30 scopes stage-0 media keys in ``_scope_stage0_multimodal_cache_to_replica``,
+which writes them into the caller's prompt and returns only the replica id; the prompt
+it wrote into then goes to ``input_processor.process_inputs``. The fix upstream is two
+lines at that call site: take a new prompt back and pass it on,
+
+    replica, prompt = scope_stage0(prompt, pool=..., hasher=..., request_id=request_id)
+
+:func:`install_stage0_scoping` does exactly that in an engine that is already running,
+without editing vllm-omni: it replaces that helper on the engine (the instance, not the
+class) by :func:`scope_stage0`, at the same point of the request path (after vllm-omni's
+own prompt transform), and hands the scoped prompt to ``process_inputs`` for the same
+request id. Records are accepted too, and become engine dicts at ``process_inputs``.
+
+It also gives the engine a copy of the caller's prompt to work on: vllm-omni writes a
+``global_request_id`` into the prompt's ``additional_information`` before scoping, which
+would otherwise reach the caller's dict as well.
+
+This module imports neither vllm-omni nor vLLM; it knows the engine's attributes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from omni_requests import (
+    EmbedsPrompt,
+    EncoderDecoderPrompt,
+    MediaHasher,
+    PromptTypeError,
+    TextPrompt,
+    TokensPrompt,
+)
+from omni_requests._errors import type_name
+from omni_requests_vllm import to_vllm
+
+from ._routing import RouteRequest, SelectReplica
+from ._stage0 import Stage0Pool, scope_stage0
+
+__all__ = ["LoadBalancer", "Stage0Balancer", "Stage0Scoping", "install_stage0_scoping"]
+
+_HELPER = "_scope_stage0_multimodal_cache_to_replica"
+_BUILD = "_build_add_request_message"
+_RECORDS = (TextPrompt, TokensPrompt, EmbedsPrompt, EncoderDecoderPrompt)
+_MISSING = object()
+
+
+class LoadBalancer(Protocol):
+    """vllm-omni's load-balancer protocol (``vllm_omni.distributed.omni_coordinator``).
+
+    ``select`` returns an *index into* ``replicas``. vllm-omni's own
+    ``RoundRobinBalancer`` and ``RandomBalancer`` fit it, and so does
+    :class:`Stage0Balancer`.
+    """
+
+    def select(self, task: Any, replicas: list[Any]) -> int: ...
+
+
+class Stage0Balancer:
+    """One of our policies (``RoundRobin()``, ``CacheAffinity()``) as a vllm-omni load balancer.
+
+    ``select(task, replicas)`` asks ``policy`` with a :class:`RouteRequest` made of the
+    task's ``request_id``, the replica ids and the task's ``media_keys`` (the unscoped key
+    bases, which the installed scoping puts in the task), and returns the index of the
+    chosen replica. A replica is an ``int`` id (a local pool) or vllm-omni's
+    ``ReplicaInfo`` (a distributed pool), whose id ``replica_id`` gives; the installation
+    sets it to the pool's ``get_replica_id_by_addr`` of the replica's ``input_addr``.
+    """
+
+    def __init__(
+        self, policy: SelectReplica, *, replica_id: Callable[[Any], int | None] | None = None
+    ) -> None:
+        if not callable(policy):
+            raise PromptTypeError("policy", f"must be callable, got {type_name(policy)}")
+        self.policy = policy
+        self.replica_id = replica_id
+
+    def _id(self, replica: Any) -> int:
+        if isinstance(replica, int) and not isinstance(replica, bool):
+            return replica
+        found = None if self.replica_id is None else self.replica_id(replica)
+        if found is None:
+            raise PromptTypeError(
+                "$.replicas", f"a replica must be an int id or known to replica_id, got {type_name(replica)}"
+            )
+        return found
+
+    def select(self, task: Mapping[str, Any], replicas: Sequence[Any]) -> int:
+        if not replicas:
+            raise ValueError("replicas must not be empty")  # as vllm-omni's balancers say it
+        ids = [self._id(replica) for replica in replicas]
+        keys = task.get("media_keys", ())
+        chosen = self.policy(RouteRequest(task.get("request_id"), ids, keys))
+        if chosen not in ids:
+            raise ValueError(f"{self.policy!r} chose {chosen!r}, which is not among the replicas {ids}")
+        return ids.index(chosen)
+
+    def __repr__(self) -> str:
+        return f"Stage0Balancer({self.policy!r})"
+
+
+def _engine_copy(prompt: Any) -> Any:
+    """The caller's dicts and lists copied at every level (media items shared, not copied)."""
+    if isinstance(prompt, dict):
+        return {key: _engine_copy(value) for key, value in prompt.items()}
+    if isinstance(prompt, list):
+        return [_engine_copy(value) for value in prompt]
+    return prompt
+
+
+def _to_engine(prompt: Any) -> Any:
+    """Records become vllm-omni dicts; everything else goes to ``process_inputs`` as it is."""
+    if isinstance(prompt, _RECORDS):
+        return to_vllm(prompt)
+    if isinstance(prompt, list) and any(isinstance(item, _RECORDS) for item in prompt):
+        return [_to_engine(item) for item in prompt]
+    return prompt
+
+
+class Stage0Scoping:
+    """What :func:`install_stage0_scoping` put into an engine; :meth:`uninstall` takes it out."""
+
+    def __init__(self, engine: Any, hasher: MediaHasher, balancer: LoadBalancer | None) -> None:
+        self.engine = engine
+        self.hasher = hasher
+        self.balancer = balancer
+        self._scoped: dict[str, Any] = {}  # request id -> scoped prompt, between the two calls
+        self._lock = threading.Lock()
+        self._processor = engine.input_processor
+        self._process_inputs = self._processor.process_inputs
+        self._build = getattr(engine, _BUILD)
+        self._before: tuple[object, object, object] = (_MISSING, _MISSING, _MISSING)
+
+    # -- the three places of the request path --
+
+    def build_add_request_message(self, *args: Any, **kwargs: Any) -> Any:
+        """The engine's own message builder, given a copy of the caller's prompt."""
+        if "prompt" in kwargs:
+            kwargs["prompt"] = _engine_copy(kwargs["prompt"])
+        elif len(args) > 1:
+            args = (args[0], _engine_copy(args[1]), *args[2:])
+        return self._build(*args, **kwargs)
+
+    def scope(self, request_id: str, prompt: Any) -> int | None:
+        """In place of the engine's helper: choose and bind a replica, scope purely, keep the result."""
+        pools = getattr(self.engine, "stage_pools", None)
+        if not pools:
+            return None
+        pool = pools[0]
+        stage0 = Stage0Pool(
+            replicas=pool.live_replica_ids(),
+            is_diffusion=pool.stage_type == "diffusion",
+            select=lambda route: self._select(pool, route),
+        )
+        replica, scoped = scope_stage0(prompt, pool=stage0, hasher=self.hasher, request_id=request_id)
+        with self._lock:
+            self._scoped[request_id] = scoped
+        return replica
+
+    def process_inputs(self, *args: Any, **kwargs: Any) -> Any:
+        """The engine's ``process_inputs``, given the scoped prompt of the same request."""
+        with self._lock:
+            scoped = self._scoped.pop(kwargs.get("request_id"), _MISSING)  # type: ignore[arg-type]
+        if scoped is not _MISSING:
+            kwargs["prompt"] = scoped
+        if "prompt" in kwargs:
+            kwargs["prompt"] = _to_engine(kwargs["prompt"])
+        return self._process_inputs(*args, **kwargs)
+
+    # -- choosing a replica --
+
+    def _select(self, pool: Any, route: RouteRequest) -> int | None:
+        request_id = route.request_id
+        if bool(getattr(pool, "is_distributed", False)):
+            preselect = getattr(pool, "preselect_replica_id", None)
+            if not callable(preselect):
+                return None  # as vllm-omni: nothing is scoped
+            task = {"request_id": request_id}
+            if self.balancer is not None:
+                task["media_keys"] = route.media_keys  # type: ignore[assignment]
+            return preselect(request_id, task)  # type: ignore[no-any-return]
+        if self.balancer is None:
+            return pool.select_replica_id(request_id)  # type: ignore[no-any-return]
+        available = set(pool.available_replica_ids())
+        replicas = [replica for replica in route.replicas if replica in available]
+        if not replicas:
+            return None
+        index = self.balancer.select({"request_id": request_id, "media_keys": route.media_keys}, replicas)
+        replica = replicas[index]
+        _bind(pool, request_id, replica)
+        return replica
+
+    # -- in and out --
+
+    def install(self) -> Stage0Scoping:
+        self._before = (
+            self.engine.__dict__.get(_BUILD, _MISSING),
+            self.engine.__dict__.get(_HELPER, _MISSING),
+            self._processor.__dict__.get("process_inputs", _MISSING),
+        )
+        setattr(self.engine, _BUILD, self.build_add_request_message)
+        setattr(self.engine, _HELPER, self.scope)
+        self._processor.process_inputs = self.process_inputs
+        pool = self.engine.stage_pools[0]
+        if self.balancer is not None:
+            if isinstance(self.balancer, Stage0Balancer) and self.balancer.replica_id is None:
+                self.balancer.replica_id = lambda info: pool.get_replica_id_by_addr(info.input_addr)
+            pool.attach_load_balancer(self.balancer)  # a distributed pool's own pick uses it too
+        return self
+
+    def uninstall(self) -> None:
+        """Give the engine back the helper, message builder and ``process_inputs`` it had."""
+        build, helper, process_inputs = self._before
+        for owner, name, before in (
+            (self.engine, _BUILD, build),
+            (self.engine, _HELPER, helper),
+            (self._processor, "process_inputs", process_inputs),
+        ):
+            if before is _MISSING:
+                owner.__dict__.pop(name, None)
+            else:
+                setattr(owner, name, before)
+        if self.balancer is not None:
+            self.engine.stage_pools[0].attach_load_balancer(None)
+
+    def __repr__(self) -> str:
+        return f"Stage0Scoping(hasher={self.hasher!r}, balancer={self.balancer!r})"
+
+
+def _bind(pool: Any, request_id: str | None, replica: int) -> None:
+    """Bind ``request_id`` to ``replica`` in a local pool, so its submission goes there.
+
+    The pool's ``select_replica_id`` (which submission calls) returns a request's bound
+    replica; ``bind`` records one by the replica's input address.
+    """
+    client = pool.clients[replica]
+    address = type(pool)._client_input_addr(client)
+    if request_id is None or address is None or pool.get_replica_id_by_addr(address) != replica:
+        raise RuntimeError(
+            f"cannot bind request {request_id!r} to stage-0 replica {replica}: it has no input address"
+        )
+    pool.bind(request_id, address)
+
+
+def install_stage0_scoping(
+    engine: Any,
+    *,
+    balancer: LoadBalancer | None = None,
+    hasher: MediaHasher | None = None,
+) -> Stage0Scoping:
+    """Make a running vllm-omni ``AsyncOmniEngine`` scope stage-0 media keys with :func:`scope_stage0`.
+
+    After this, the engine never writes into the caller's prompt (dicts and lists stay
+    as they were; records are immutable anyway), a template reused, copied or retried
+    gets the keys a fresh request would get, and records may be sent where prompt dicts
+    were (``Omni.generate(record)``).
+
+    ``balancer`` chooses stage 0's replica: vllm-omni's load-balancer protocol
+    (``select(task, replicas) -> index``), e.g. ``Stage0Balancer(CacheAffinity())``. It is
+    attached to stage 0's pool, whose distributed ``pick`` then uses it too; in a local
+    pool the scoping asks it with the live, available replica ids and binds the request
+    to its choice. Without one, the pool chooses as before (round robin locally).
+
+    ``hasher`` defaults to the engine's: ``MediaHasher(<its model string>, <stage 0's
+    mm_hasher_algorithm>)``. Undo with :meth:`Stage0Scoping.uninstall`.
+    """
+    for name in ("stage_pools", "input_processor", _HELPER, _BUILD):
+        if not hasattr(engine, name):
+            raise PromptTypeError(
+                "engine", f"must be a vllm-omni AsyncOmniEngine (it has no {name}), got {type_name(engine)}"
+            )
+    if not engine.stage_pools:
+        raise PromptTypeError("engine", "has no stage pools: start it before installing")
+    if hasher is None:
+        hasher = MediaHasher(str(engine.model), engine._resolve_mm_hasher_algorithm())
+    elif not isinstance(hasher, MediaHasher):
+        raise PromptTypeError("hasher", f"must be a MediaHasher, got {type_name(hasher)}")
+    if balancer is not None and not callable(getattr(balancer, "select", None)):
+        raise PromptTypeError("balancer", f"must have select(task, replicas), got {type_name(balancer)}")
+    if isinstance(getattr(engine.__dict__.get(_HELPER), "__self__", None), Stage0Scoping):
+        raise PromptTypeError("engine", "already has our scoping installed; uninstall it first")
+    return Stage0Scoping(engine, hasher, balancer).install()
