@@ -30,7 +30,7 @@ from pyrsistent import PVector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._image_road import pixels
-from ._media import immutable_token, is_pil_image, is_torch_tensor, never_written
+from ._media import check_text, immutable_token, is_immutable_array, is_pil_image, is_torch_tensor
 from ._media_bytes import feed_media_with_bytes, is_media_with_bytes
 
 __all__ = ["HashAlgorithm", "MediaHasher"]
@@ -104,8 +104,10 @@ def _leaf(update: _Update, value: object) -> None:
         _framed(update, value.encode("utf-8"))
     elif isinstance(value, (int, float)):
         _framed(update, np.array(value).tobytes())
-    elif isinstance(value, np.ndarray):
+    elif type(value) is np.ndarray:
         _ndarray(update, value)
+    elif isinstance(value, np.ndarray):
+        _ndarray_subclass(update, value)
     elif is_pil_image(value):
         _pil_image(update, value)
     elif is_torch_tensor(value):
@@ -143,6 +145,21 @@ def _ndarray(update: _Update, array: np.ndarray[Any, Any]) -> None:
     step = max(_BLOCK_BYTES // row_bytes, 1)
     for start in range(0, array.shape[0], step):
         update(np.ascontiguousarray(array[start : start + step]).view(np.uint8).data)
+
+
+def _ndarray_subclass(update: _Update, array: np.ndarray[Any, Any]) -> None:
+    """An ndarray subclass, step by step as vLLM walks it: a subclass's ``view(...).data``
+    and ``tobytes()`` may be its own (a masked array's are an array and the filled values).
+    Records never hold one (they store a plain copy); this serves bare hasher calls."""
+    data: object
+    if array.ndim == 0:
+        data = array.item()
+    elif array.flags.c_contiguous:
+        data = array.view(np.uint8).data
+    else:
+        data = array.tobytes()
+    _framed(update, b"ndarray")
+    _value(update, {"dtype": array.dtype.str, "shape": array.shape, "data": data})
 
 
 def _ndarray_header(update: _Update, array: np.ndarray[Any, Any]) -> None:
@@ -222,6 +239,20 @@ def _as_vllm_parses_image(image: Any) -> Any:
         flat.paste(rgba, mask=rgba.split()[3])
         return flat
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _parse_inputs(image: Any) -> tuple[object, object]:
+    """The EXIF orientation and the transparency entry: what vLLM's image parser reads
+    besides the pixels, mode and palette (see :func:`_as_vllm_parses_image`)."""
+    try:
+        orientation = image.getexif().get(_EXIF_ORIENTATION)
+    except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
+        orientation = None
+    transparency = image.info.get("transparency")
+    return (
+        orientation if type(orientation) is int else repr(orientation),
+        transparency if type(transparency) in (int, bytes, type(None)) else repr(transparency),
+    )
 
 
 def _exif_image_id(image: Any) -> bytes | None:
@@ -315,6 +346,9 @@ def _sampled_image(update: _Update, image: Any) -> None:
         return
     palette = image.palette
     _value(update, (image.mode, image.size, None if palette is None else bytes(palette.palette)))
+    # What vLLM's parser reads besides the pixels (content_key hashes the parsed image):
+    # a key that changes with these must give a fingerprint that does too.
+    _value(update, _parse_inputs(image))
     width, height = image.size
     rows = sorted({i * (height - 1) // (_SAMPLED_ROWS - 1) for i in range(_SAMPLED_ROWS)}) if height else []
     for row in rows:  # a few whole rows, packed one at a time
@@ -379,6 +413,7 @@ def _check_model_id(_: object, attribute: attrs.Attribute[str], value: object) -
         raise PromptTypeError(f"$.{attribute.name}", f"must be a str, got {type_name(value)}")
     if not value:
         raise InvalidPromptError(f"$.{attribute.name}", "must not be empty")
+    check_text(f"$.{attribute.name}", value)
 
 
 def _check_algorithm(_: object, attribute: attrs.Attribute[str], value: object) -> None:
@@ -403,8 +438,8 @@ class MediaHasher:
     >>> len(hasher.key("image", np.zeros((2, 2, 3), dtype=np.uint8)))
     64
 
-    Keys of items whose bytes cannot change (read-only arrays, and tuples or lists of
-    them, as records store them) are computed once and reused.
+    Keys of items whose bytes cannot change (arrays backed by ``bytes``, as records hold
+    them, and tuples or lists of them) are computed once and reused; see ``docs/design.md``.
 
     Large items use more than the calling thread; the digest is the same either way.
     From 8 MiB of bytes blake3 hashes with all cores, and an RGB PIL image of 4 MiB of
@@ -465,7 +500,7 @@ class MediaHasher:
         leaves: list[object]
         token: object
         if type(item) is np.ndarray:  # the common item, without building its token
-            if not never_written(item):
+            if not is_immutable_array(item):
                 return compute(modality, item)
             leaves, token = [item], ("ndarray", id(item))
         else:
@@ -536,3 +571,4 @@ def _check_modality(modality: object) -> None:
         raise PromptTypeError("modality", f"must be a str, got {type_name(modality)}")
     if modality == "model_id":
         raise InvalidPromptError("modality", "'model_id' is not a modality name")
+    check_text("modality", modality)

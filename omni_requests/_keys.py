@@ -16,11 +16,16 @@ import attrs
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import MediaHasher
 
-__all__ = ["KeyOrigin", "KeyPolicy", "MediaKey", "Scope", "looks_scoped"]
+__all__ = ["KeyOrigin", "KeyPolicy", "MediaKey", "Scope", "looks_scoped", "reserved_prefix"]
 
 # What vllm-omni writes in front of a key; a user UUID shaped like this has been through
 # an engine already and would become a double prefix.
 _SCOPED: Final = re.compile(r"stage\d+:rep\d+:")
+# What policies write between the scope and a user UUID or content hash: a user UUID that
+# began like this could spell another policy's key (another tenant's, a namespaced one).
+_RESERVED: Final = ("tenant:", "user:", "bound:")
+# Stage and replica ids are rendered in decimal into every key; far below int's limits.
+MAX_INDEX: Final = (1 << 63) - 1
 # Tenant names go into keys verbatim, between colons, so they may not contain one.
 _TENANT: Final = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 
@@ -30,12 +35,18 @@ def looks_scoped(value: str) -> bool:
     return _SCOPED.match(value) is not None
 
 
+def reserved_prefix(value: str) -> str | None:
+    """The policy prefix ``value`` starts with (``tenant:``, ``user:``, ``bound:``), or None."""
+    return next((prefix for prefix in _RESERVED if value.startswith(prefix)), None)
+
+
 def check_index(path: str, value: object) -> int:
     """A non-negative ``int`` (not a ``bool``), or a clear error naming ``path``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise PromptTypeError(path, f"must be an int, got {type_name(value)}")
-    if value < 0:
-        raise InvalidPromptError(path, f"must be >= 0, got {value}")
+    if not 0 <= value <= MAX_INDEX:
+        shown = value if value.bit_length() <= 64 else f"an int of {value.bit_length()} bits"
+        raise InvalidPromptError(path, f"must be between 0 and 2**63 - 1, got {shown}")
     return value
 
 

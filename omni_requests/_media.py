@@ -7,10 +7,12 @@ arrays) and :func:`thaw` gives the engine back the plain shapes it expects.
 
 from __future__ import annotations
 
+import pickle
+import struct
 import sys
 import weakref
 from collections.abc import Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import numpy as np
 from pyrsistent import PMap, PVector, pmap, pvector
@@ -84,32 +86,106 @@ def is_pil_image(value: object) -> bool:
 
 
 _SCALARS = (str, bytes, bool, int, float)
+# Media and options deeper than this are refused: no real media nests this deep, and
+# walking deeper (here, in vLLM's hasher, in pickling) would run out of stack.
+MAX_DEPTH: Final = 32
 
 
-def readonly_view(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """The array itself when already read-only, else a read-only view of it (never a copy)."""
-    if not array.flags.writeable:
+def check_text(path: str, text: str) -> str:
+    """``text`` when it encodes as UTF-8 (as every key does), else a clear error.
+
+    A lone surrogate is a valid ``str`` that no key can hash; found here, it names its
+    field, where the engine would raise a bare ``UnicodeEncodeError``.
+    """
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InvalidPromptError(
+                path,
+                f"contains a lone surrogate {text[error.start]!r} at index {error.start}, "
+                "which has no UTF-8 encoding to hash",
+            ) from None
+    return text
+
+
+def is_immutable_array(array: np.ndarray[Any, Any]) -> bool:
+    """True when no public operation can change ``array``'s bytes.
+
+    That is: it and every array it views are read-only, and under them is a ``bytes``
+    object. numpy refuses to make such an array writable again, whoever holds it. An
+    array that owns its memory may be made writable by anyone holding it or a view of it
+    (``view.base``), whatever its flags say now.
+    """
+    while not array.flags.writeable:
+        base: object = array.base
+        if isinstance(base, np.ndarray):
+            array = base
+            continue
+        if isinstance(base, memoryview):
+            return base.readonly and type(base.obj) is bytes
+        return type(base) is bytes
+    return False
+
+
+def immutable_array(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``array`` when :func:`is_immutable_array`, else a copy of it backed by ``bytes``.
+
+    The copy is a plain C-ordered ``ndarray`` of the same dtype and shape (a subclass,
+    such as a masked array, gives its data): vLLM keys a non-contiguous array like its
+    contiguous copy, so the key is the one the original would have.
+    """
+    if type(array) is np.ndarray and is_immutable_array(array):
         return array
-    view = array.view()
-    view.flags.writeable = False
-    return view
+    plain = np.ascontiguousarray(np.asarray(array))
+    data = bytes(plain.reshape(-1).view(np.uint8).data)
+    frozen: np.ndarray[Any, Any] = np.frombuffer(data, dtype=plain.dtype, count=plain.size)
+    return frozen.reshape(array.shape)
 
 
-def freeze_media(value: object, path: str) -> object:
-    """Freeze one media item (or part of one); raise on types vLLM cannot hash faithfully."""
-    if type(value) is int and not -(1 << 63) <= value < 1 << 64:
-        # numpy makes an object array of it, and vLLM hashes that array's pointer bytes.
-        raise InvalidPromptError(path, f"{value} does not fit in 64 bits, so it has no stable key")
-    if value is None or isinstance(value, _SCALARS):
+def _exact_scalar(value: object, path: str) -> object:
+    """A str, bytes, int or float as exactly that built-in type, checked.
+
+    Subclasses become their base type's value: the engine's dict then carries what the
+    key hashes. Ints must fit in 64 bits (numpy makes an object array of a larger one,
+    and vLLM hashes that array's pointer bytes); text must encode as UTF-8.
+    """
+    if isinstance(value, str):
+        return check_text(path, str.__str__(value))
+    if isinstance(value, bytes):
+        return value if type(value) is bytes else bytes(memoryview(value))
+    if isinstance(value, bool):
         return value
-    if isinstance(value, np.ndarray):
-        if value.dtype.hasobject:
-            raise PromptTypeError(path, "numpy arrays of dtype object cannot be hashed; use a numeric dtype")
-        return readonly_view(value)
+    if isinstance(value, int):
+        exact = int.__int__(value)
+        if not -(1 << 63) <= exact < 1 << 64:
+            raise InvalidPromptError(path, f"{exact} does not fit in 64 bits, so it has no stable key")
+        return exact
+    return float.__float__(value)  # type: ignore[arg-type]  # a float: the one type left
+
+
+def _too_deep(path: str) -> InvalidPromptError:
+    return InvalidPromptError(path, f"is nested more than {MAX_DEPTH} levels deep")
+
+
+def freeze_media(value: object, path: str, depth: int = 0) -> object:
+    """Freeze one media item (or part of one); raise on types vLLM cannot hash faithfully.
+
+    Arrays become immutable (:func:`immutable_array`: a copy unless already backed by
+    ``bytes``), so a key computed once stays the key of the bytes the engine gets.
+    """
+    if value is None:
+        return None
     if isinstance(value, np.generic):
         if value.dtype.hasobject:
             raise PromptTypeError(path, "numpy object scalars cannot be hashed")
         return value
+    if isinstance(value, _SCALARS):
+        return _exact_scalar(value, path)
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise PromptTypeError(path, "numpy arrays of dtype object cannot be hashed; use a numeric dtype")
+        return immutable_array(value)
     if is_torch_tensor(value):
         _check_hashable_tensor(value, path)
         return value
@@ -117,12 +193,14 @@ def freeze_media(value: object, path: str) -> object:
         return value
     if isinstance(value, memoryview):
         return value.tobytes()
+    if depth >= MAX_DEPTH:
+        raise _too_deep(path)
     if isinstance(value, tuple):
-        return tuple(freeze_media(v, f"{path}[{i}]") for i, v in enumerate(value))
+        return tuple(freeze_media(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
     if isinstance(value, (list, PVector)):
-        return _freeze_sequence(value, path, freeze_media)
+        return _freeze_sequence(value, path, freeze_media, depth)
     if isinstance(value, Mapping):
-        return _freeze_mapping(value, path, freeze_media)
+        return _freeze_mapping(value, path, freeze_media, depth)
     if is_media_with_bytes(value):  # vLLM's loaded media: keyed by its bytes (see _media_bytes)
         return freeze_media_with_bytes(value, path, freeze_media)
     raise PromptTypeError(
@@ -152,37 +230,42 @@ def _torch_uint8() -> Any:
     return sys.modules["torch"].uint8  # a tensor exists, so torch is imported already
 
 
-def freeze_option(value: object, path: str) -> object:
+def freeze_option(value: object, path: str, depth: int = 0) -> object:
     """Freeze an option value (processor kwargs, stage payloads): any value, containers frozen.
 
-    A bytearray or memoryview becomes ``bytes`` (a copy): the caller could write through
-    either, and a memoryview cannot be pickled. Other objects are kept as given.
+    Arrays become immutable like media (:func:`immutable_array`); a bytearray or
+    memoryview becomes ``bytes`` (a copy): the caller could write through either, and a
+    memoryview cannot be pickled. Other objects are kept as given.
     """
     if isinstance(value, np.ndarray):
-        return readonly_view(value)
+        return value if value.dtype.hasobject else immutable_array(value)
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
+    if isinstance(value, (tuple, list, PVector, Mapping)) and depth >= MAX_DEPTH:
+        raise _too_deep(path)
     if isinstance(value, tuple):
-        return tuple(freeze_option(v, f"{path}[{i}]") for i, v in enumerate(value))
+        return tuple(freeze_option(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
     if isinstance(value, (list, PVector)):
-        return _freeze_sequence(value, path, freeze_option)
+        return _freeze_sequence(value, path, freeze_option, depth)
     if isinstance(value, Mapping):
-        return _freeze_mapping(value, path, freeze_option)
+        return _freeze_mapping(value, path, freeze_option, depth)
     return value
 
 
-def _freeze_sequence(value: Any, path: str, freeze: Any) -> PVector[Any]:
-    frozen = [freeze(v, f"{path}[{i}]") for i, v in enumerate(value)]
+def _freeze_sequence(value: Any, path: str, freeze: Any, depth: int) -> PVector[Any]:
+    frozen = [freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
     if isinstance(value, PVector) and all(a is b for a, b in zip(frozen, value, strict=True)):
         return value
     return pvector(frozen)
 
 
-def _freeze_mapping(value: Mapping[Any, Any], path: str, freeze: Any) -> FrozenDict[str, Any]:
-    for key in value:
+def _freeze_mapping(value: Mapping[Any, Any], path: str, freeze: Any, depth: int) -> FrozenDict[str, Any]:
+    frozen: dict[str, Any] = {}
+    for key, item in value.items():
         if not isinstance(key, str):
             raise PromptTypeError(f"{path}", f"mapping keys must be str, got {type_name(key)} {key!r}")
-    frozen = {k: freeze(v, f"{path}.{k}") for k, v in value.items()}
+        name = check_text(path, str.__str__(key))
+        frozen[name] = freeze(item, f"{path}.{name}", depth + 1)
     if isinstance(value, FrozenDict) and all(frozen[k] is value[k] for k in frozen):
         return value
     return FrozenDict(frozen)
@@ -250,53 +333,40 @@ def plain_map(value: PMap[_K, _V]) -> Mapping[_K, _V]:
     return dict(value.items())  # not a record's map: read it, without keeping a copy
 
 
-def never_written(array: np.ndarray[Any, Any]) -> bool:
-    """True when nobody holds a writable reference to ``array``'s bytes.
-
-    That is: it and every array it views are read-only, and under them is nothing but
-    their own memory or ``bytes`` (a foreign buffer, a bytearray or an mmap, may still be
-    written).
-    """
-    while not array.flags.writeable:
-        base = array.base
-        if base is None:
-            return True
-        if not isinstance(base, np.ndarray):
-            return isinstance(base, bytes)
-        array = base
-    return False
-
-
 def immutable_token(value: object, leaves: list[object]) -> object | None:
     """A hashable stand-in for a frozen item whose bytes can never change, or None.
 
-    Arrays count only when they and every array they view are read-only, so nobody
-    holds a writable reference to the bytes; tensors and PIL images have no such flag
-    and are never cached. Arrays appear in the token by identity and are collected in
-    ``leaves`` so a cache can drop the entry when one of them dies.
+    Equal tokens mean equal keys: a token tells apart at least what the hash does
+    (``0.0`` from ``-0.0``; numpy scalars by their pickle, as vLLM hashes them). Only
+    exact built-in types count; arrays only when :func:`is_immutable_array`, by identity,
+    collected in ``leaves`` so a cache can drop the entry when one dies. Tensors and PIL
+    images can be changed by whoever holds them: never cached.
     """
-    if value is None or isinstance(value, _SCALARS):
-        return (type(value), value)
-    if isinstance(value, np.ndarray):
-        if not never_written(value):
+    kind = type(value)
+    if value is None or kind is str or kind is bytes or kind is int or kind is bool:
+        return (kind, value)
+    if kind is float:
+        return (kind, struct.pack("<d", value))
+    if kind is np.ndarray:
+        if not is_immutable_array(value):  # type: ignore[arg-type]
             return None
         leaves.append(value)
         return ("ndarray", id(value))
     if isinstance(value, np.generic):
-        return ("generic", value.dtype.str, value.tobytes())
-    if isinstance(value, (tuple, PVector)):
+        return ("generic", pickle.dumps(value))
+    if kind is tuple or isinstance(value, PVector):
         parts = []
-        for item in value:
+        for item in value:  # type: ignore[attr-defined]
             token = immutable_token(item, leaves)
             if token is None:
                 return None
             parts.append(token)
-        return (type(value).__name__, tuple(parts))
-    if isinstance(value, FrozenDict):
+        return (kind.__name__, tuple(parts))
+    if kind is FrozenDict:
         parts = []
-        for key, item in value.items():
+        for key, item in value.items():  # type: ignore[attr-defined]
             token = immutable_token(item, leaves)
-            if token is None:
+            if token is None or type(key) is not str:
                 return None
             parts.append((key, token))
         return ("map", tuple(parts))

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import operator
 import types
+import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, Self, TypeAlias
 
 import attrs
 import numpy as np
@@ -19,9 +20,10 @@ from pyrsistent import PMap, PVector, pvector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import _exif_image_id
-from ._keys import Scope, looks_scoped
+from ._keys import Scope, looks_scoped, reserved_prefix
 from ._media import (
     FrozenDict,
+    check_text,
     freeze_media,
     freeze_option,
     frozen_map,
@@ -92,7 +94,7 @@ def _check_modality(path: str, modality: object) -> str:
         raise InvalidPromptError(path, "modality names must not be empty")
     if modality == "model_id":  # vLLM hashes hash_kwargs(model_id=..., <modality>=item)
         raise InvalidPromptError(path, "'model_id' is not a modality name (keys hash the model id under it)")
-    return modality
+    return check_text(path, str.__str__(modality))
 
 
 def _convert_media(value: object) -> MediaData:
@@ -105,7 +107,7 @@ def _convert_media(value: object) -> MediaData:
         raise PromptTypeError(path, f"must be a mapping of modality to items, got {type_name(value)}")
     frozen: dict[str, PVector[Any]] = {}
     for modality, data in value.items():
-        _check_modality(path, modality)
+        modality = _check_modality(path, modality)
         where = f"{path}.{modality}"
         if data is None:
             raise InvalidPromptError(
@@ -151,21 +153,19 @@ def _convert_uuids(value: object) -> MediaUUIDs:
         raise PromptTypeError(path, f"must be a mapping of modality to UUIDs, got {type_name(value)}")
     frozen: dict[str, PVector[str | None]] = {}
     for modality, uuids in value.items():
-        _check_modality(path, modality)
+        modality = _check_modality(path, modality)
         where = f"{path}.{modality}"
         if isinstance(uuids, str):
             uuids = [uuids]
         elif not isinstance(uuids, (list, tuple, PVector)):
             raise PromptTypeError(where, f"must be a str or a list of str or None, got {type_name(uuids)}")
-        for i, uuid in enumerate(uuids):
-            _check_uuid(f"{where}[{i}]", uuid)
-        frozen[modality] = pvector(uuids)
+        frozen[modality] = pvector([_check_uuid(f"{where}[{i}]", uuid) for i, uuid in enumerate(uuids)])
     return frozen_map(frozen) if frozen else _EMPTY
 
 
-def _check_uuid(path: str, uuid: object) -> None:
+def _check_uuid(path: str, uuid: object) -> str | None:
     if uuid is None:
-        return
+        return None
     if not isinstance(uuid, str):
         raise PromptTypeError(path, f"must be a str or None, got {type_name(uuid)}")
     if not uuid:
@@ -176,6 +176,14 @@ def _check_uuid(path: str, uuid: object) -> None:
             f"{uuid!r} is already scoped to a replica, so this prompt has been through an "
             "engine; rebuild it from the original prompt instead of reusing the engine's copy",
         )
+    prefix = reserved_prefix(uuid)
+    if prefix is not None:
+        raise InvalidPromptError(
+            path,
+            f"{uuid!r} starts with {prefix!r}, which key policies put before tenants' and "
+            "namespaced keys; a UUID may not spell one (use another prefix)",
+        )
+    return check_text(path, str.__str__(uuid))
 
 
 def _as_options(path: str, value: object) -> FrozenDict[str, Any] | None:
@@ -496,8 +504,91 @@ class _Prompt(_Derived):
                         f"multi_modal_data[{modality!r}][{i}] is empty but "
                         f"multi_modal_uuids[{modality!r}][{i}] is missing.",
                     )
-        object.__setattr__(self, "_view", media_view(data, uuids))
+        view = media_view(data, uuids)
+        if uuids:
+            _check_uuids_name_their_items(self.multi_modal_uuids, view)
+        object.__setattr__(self, "_view", view)
         object.__setattr__(self, "_memo", {})
+
+    def replace_media(
+        self, multi_modal_data: Mapping[str, Any], multi_modal_uuids: Mapping[str, Any] | None = None
+    ) -> Self:
+        """A copy with the media of the modalities named in ``multi_modal_data`` replaced.
+
+        The way to make a request from a template: other modalities and fields are kept,
+        and the replaced modalities' UUIDs are dropped, so their new items are keyed by
+        content, unless ``multi_modal_uuids`` names new ones. A modality given as None is
+        removed with its UUIDs. (``attrs.evolve`` with new media would keep the old UUIDs
+        for the new items; records refuse that, see :ref:`the guide <templates>`.)
+
+        >>> import numpy as np
+        >>> template = TextPrompt(prompt="<image>", multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)},
+        ...                       multi_modal_uuids={"image": "cat-1"})
+        >>> copy = template.replace_media({"image": np.ones((2, 2, 3), np.uint8)})
+        >>> dict(copy.multi_modal_uuids), template.multi_modal_uuids["image"][0]
+        ({}, 'cat-1')
+        """
+        if not isinstance(multi_modal_data, Mapping):
+            raise PromptTypeError(
+                "$.multi_modal_data",
+                f"must be a mapping of modality to items, got {type_name(multi_modal_data)}",
+            )
+        data: dict[Any, Any] = dict(plain_map(self.multi_modal_data))
+        uuids: dict[Any, Any] = dict(plain_map(self.multi_modal_uuids))
+        for modality, items in multi_modal_data.items():
+            uuids.pop(modality, None)
+            if items is None:
+                data.pop(modality, None)
+            else:
+                data[modality] = items
+        if multi_modal_uuids is not None:
+            if not isinstance(multi_modal_uuids, Mapping):
+                raise PromptTypeError(
+                    "$.multi_modal_uuids",
+                    f"must be a mapping of modality to UUIDs, got {type_name(multi_modal_uuids)}",
+                )
+            uuids.update(multi_modal_uuids)
+        return attrs.evolve(self, multi_modal_data=data, multi_modal_uuids=uuids)
+
+
+# The items each record's UUID map was first given with, by the map's identity, so a map
+# taken from one record (attrs.evolve keeps it) cannot key another record's new items.
+_UUID_PAIRS: dict[int, tuple[weakref.ref[Any], tuple[tuple[str, tuple[Any, ...] | None], ...]]] = {}
+
+
+def _check_uuids_name_their_items(uuids: MediaUUIDs, view: tuple[MediaRow, ...]) -> None:
+    """Refuse UUIDs that a record of other media already uses for those items.
+
+    A UUID names one item: ``attrs.evolve(template, multi_modal_data=new)`` would hand the
+    template's UUIDs to the new media, and the engine would serve the old media's cached
+    features for it. Items are compared by identity first (records share their frozen
+    items), then by value (equal media in new objects, such as a file loaded again).
+    """
+    pairs = tuple((m, items) for m, items, given in view if given is not None)
+    key = id(uuids)
+    entry = _UUID_PAIRS.get(key)
+    if entry is None or entry[0]() is not uuids:
+        ref = weakref.ref(uuids, lambda _, key=key: _UUID_PAIRS.pop(key, None))  # type: ignore[misc]
+        _UUID_PAIRS[key] = (ref, pairs)
+        return
+    before = dict(entry[1])
+    for modality, items, given in view:
+        if given is None:
+            continue
+        old = before.get(modality)
+        for i, uuid in enumerate(given):
+            if uuid is None:
+                continue
+            same = (items is None and old is None) or (
+                items is not None and old is not None and i < len(old) and values_equal(items[i], old[i])
+            )
+            if not same:
+                raise InvalidPromptError(
+                    f"$.multi_modal_uuids.{modality}[{i}]",
+                    f"UUID {uuid!r} comes from a record where it named other media; a UUID is "
+                    "the engine's cache key for one item. To swap media use record.replace_media(...), "
+                    "which drops the replaced items' UUIDs, or give the UUIDs you mean",
+                )
 
 
 @attrs.frozen(kw_only=True)
@@ -657,8 +748,12 @@ def plain_fields(record: Any) -> dict[str, Any]:
     state: dict[str, Any] = {}
     for field in attrs.fields(type(record)):
         value = getattr(record, field.name)
-        if field.name == "multi_modal_data":
-            value = {m: [_pickle_arrays(thaw(item)) for item in items] for m, items in value.items()}
+        if field.name == "multi_modal_data":  # in the caller's order, not the PMap's
+            value = {
+                m: [_pickle_arrays(thaw(item)) for item in items] for m, items in plain_map(value).items()
+            }
+        elif field.name == "multi_modal_uuids":
+            value = {m: list(uuids) for m, uuids in plain_map(value).items()}
         elif not isinstance(value, (_Prompt, Scope)):
             value = _pickle_arrays(thaw(value))
         state[field.name] = value

@@ -14,7 +14,7 @@ from pyrsistent import PMap, PVector, pmap, pvector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import MediaHasher
-from ._keys import _DEFAULT_POLICY, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index
+from ._keys import _DEFAULT_POLICY, MAX_INDEX, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index
 from ._media import plain_map
 from ._records import _EMPTY, _SINGLE, EncoderDecoderPrompt, SinglePrompt, field_copier, replace_fields
 
@@ -81,7 +81,9 @@ def scope_to_replica(
     so a retry on another replica never gets a second prefix. A prompt without media, or one
     already in this exact scope, is returned as is. ``policy`` (default: none, keys
     render exactly as vllm-omni renders them) opts in to the protections of
-    :class:`KeyPolicy` for user UUIDs.
+    :class:`KeyPolicy` for user UUIDs. A record already scoped under a policy keeps it:
+    ``policy=None`` reuses it, and any other policy is refused, so no later road (a
+    retry, an engine's own scoping) can drop a tenant's protection.
 
     >>> import numpy as np
     >>> from omni_requests import TextPrompt, MediaHasher, media_keys
@@ -96,15 +98,13 @@ def scope_to_replica(
     'stage0:rep0:cat-1'
     """
     # Plain ints take the fast road; anything else gets check_index's errors.
-    if type(replica_id) is not int or replica_id < 0:
+    if type(replica_id) is not int or not 0 <= replica_id <= MAX_INDEX:
         check_index("replica_id", replica_id)
-    if type(stage_id) is not int or stage_id < 0:
+    if type(stage_id) is not int or not 0 <= stage_id <= MAX_INDEX:
         check_index("stage_id", stage_id)
     if type(hasher) is not MediaHasher and not isinstance(hasher, MediaHasher):
         raise PromptTypeError("hasher", f"must be a MediaHasher, got {type_name(hasher)}")
-    if policy is None:
-        policy = _DEFAULT_POLICY
-    elif not isinstance(policy, KeyPolicy):
+    if policy is not None and not isinstance(policy, KeyPolicy):
         raise PromptTypeError("policy", f"must be a KeyPolicy or None, got {type_name(policy)}")
     with_scope = _WITH_SCOPE.get(type(prompt))
     if with_scope is None:
@@ -114,19 +114,35 @@ def scope_to_replica(
     # answers what len() would, without a call into pyrsistent's Python code.
     if single.multi_modal_data is _EMPTY and single.multi_modal_uuids is _EMPTY:
         return prompt
+    current = single.scope
+    if policy is None:
+        policy = _DEFAULT_POLICY if current is None else current.policy
+    elif current is not None and current.policy is not policy:
+        _check_policy_kept(current.policy, policy)
     if policy.bind_content:
         _check_bindable(single)
     scope = _SCOPES.get((stage_id, replica_id, id(hasher), id(policy)))  # _scope(), inlined
     if scope is None or scope.hasher is not hasher or scope.policy is not policy:
         scope = _new_scope(stage_id, replica_id, hasher, policy)
-    current = single.scope
     if current is scope or (current is not None and current == scope):
         return prompt
     result: _P = with_scope(prompt, scope)
     return result
 
 
-def _scope_other(prompt: _P, replica_id: int, hasher: MediaHasher, stage_id: int, policy: KeyPolicy) -> _P:
+def _check_policy_kept(current: KeyPolicy, policy: KeyPolicy) -> None:
+    """A policy set on a record stays with it: scoping may add one, never change or drop it."""
+    if current != policy and current != _DEFAULT_POLICY:
+        raise InvalidPromptError(
+            "policy",
+            f"the prompt is already scoped under {current!r}, and a record keeps its policy "
+            f"through every scoping; got {policy!r} (pass policy=None to keep it)",
+        )
+
+
+def _scope_other(
+    prompt: _P, replica_id: int, hasher: MediaHasher, stage_id: int, policy: KeyPolicy | None
+) -> _P:
     """scope_to_replica for what is not a plain single prompt: encoder-decoder pairs, subclasses."""
     if isinstance(prompt, EncoderDecoderPrompt):
         encoder = scope_to_replica(
@@ -143,6 +159,11 @@ def _scope_other(prompt: _P, replica_id: int, hasher: MediaHasher, stage_id: int
         raise PromptTypeError("prompt", f"must be a prompt record, got {type_name(prompt)}")
     if not prompt.multi_modal_data and not prompt.multi_modal_uuids:
         return prompt
+    current = prompt.scope
+    if policy is None:
+        policy = _DEFAULT_POLICY if current is None else current.policy
+    elif current is not None and current.policy is not policy:
+        _check_policy_kept(current.policy, policy)
     if policy.bind_content:
         _check_bindable(prompt)
     scope = _scope(stage_id, replica_id, hasher, policy)

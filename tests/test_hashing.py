@@ -99,9 +99,8 @@ def digests(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     return record_calls(monkeypatch, MediaHasher, "_digest", 2)
 
 
-def test_read_only_items_are_hashed_once(hasher: MediaHasher, digests: list[object]) -> None:
+def test_record_items_are_hashed_once(hasher: MediaHasher, digests: list[object]) -> None:
     frames = video(8)
-    frames.flags.writeable = False
     prompt = TextPrompt(prompt="x", multi_modal_data={"video": [frames, (frames, {"fps": 1.0})]})
     items = prompt.multi_modal_data["video"]
     first = [hasher.key("video", item) for item in items]
@@ -110,19 +109,20 @@ def test_read_only_items_are_hashed_once(hasher: MediaHasher, digests: list[obje
     assert len(digests) == 2
 
 
-def test_items_the_caller_can_still_write_are_rehashed(hasher: MediaHasher, digests: list[object]) -> None:
+def test_arrays_someone_can_make_writable_are_rehashed(hasher: MediaHasher, digests: list[object]) -> None:
     frames = video(9)
-    item = TextPrompt(prompt="x", multi_modal_data={"video": frames}).multi_modal_data["video"][0]
-    before = hasher.key("video", item)
-    frames[0, 0, 0, 0] ^= 0xFF  # the caller writes through its own reference
-    after = hasher.key("video", item)
+    frames.flags.writeable = False  # read-only now, but its owner can turn that back
+    before = hasher.key("video", frames)
+    frames.flags.writeable = True
+    frames[0, 0, 0, 0] ^= 0xFF
+    frames.flags.writeable = False
+    after = hasher.key("video", frames)
     assert before != after, "a key must follow the bytes it stands for"
     assert len(digests) == 2
 
 
 def test_cache_entries_go_with_their_arrays(hasher: MediaHasher) -> None:
-    frames = video(10)
-    frames.flags.writeable = False
+    frames = np.frombuffer(video(10).tobytes(), np.uint8).reshape(video(10).shape)
     size = len(_hashing._CACHE)
     hasher.key("video", frames)
     assert len(_hashing._CACHE) == size + 1

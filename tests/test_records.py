@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+from typing import Any
 
 import attrs
 import numpy as np
@@ -88,14 +89,41 @@ def test_attribute_assignment_fails() -> None:
         p.prompt = "y"  # type: ignore[misc]
 
 
-def test_numpy_payload_is_a_read_only_view_without_a_copy() -> None:
+def test_numpy_payload_is_an_immutable_copy_nobody_can_write() -> None:
     frames = video(0)
     p = TextPrompt(prompt="x", multi_modal_data={"video": frames})
     stored = p.multi_modal_data["video"][0]
-    assert np.shares_memory(stored, frames)
+    assert not np.shares_memory(stored, frames) and np.array_equal(stored, frames)
     with pytest.raises(ValueError, match="read-only"):
         stored[0, 0, 0, 0] = 1
+    for handle in (stored, stored.base):  # not even through the array it views
+        with pytest.raises(ValueError, match="WRITEABLE"):
+            handle.flags.writeable = True
     assert frames.flags.writeable, "the caller's own array must stay as it was"
+
+
+def test_arrays_backed_by_bytes_are_kept_without_a_copy() -> None:
+    frames = np.frombuffer(video(0).tobytes(), np.uint8).reshape(video(0).shape)
+    p = TextPrompt(prompt="x", multi_modal_data={"video": frames})
+    assert p.multi_modal_data["video"][0] is frames
+    again = TextPrompt(prompt="y", multi_modal_data=p.multi_modal_data)
+    assert again.multi_modal_data["video"][0] is frames
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(24, dtype=">i4").reshape(2, 3, 4)[:, ::-1],  # non-native order, strided
+        np.ma.masked_array(np.arange(6, dtype=np.float32), mask=[0, 1, 0, 0, 1, 0]),
+        np.zeros((0, 3), np.uint8),
+        np.array([(1, 2.0)], dtype=[("a", "<i2"), ("b", "<f8")]),
+    ],
+    ids=["strided-big-endian", "masked", "empty", "structured"],
+)
+def test_frozen_copies_keep_dtype_shape_and_values(array: np.ndarray[Any, Any]) -> None:
+    stored = TextPrompt(prompt="x", multi_modal_data={"audio": [array]}).multi_modal_data["audio"][0]
+    assert type(stored) is np.ndarray and stored.dtype == array.dtype and stored.shape == array.shape
+    assert stored.tobytes() == np.asarray(array).tobytes() and stored.flags.c_contiguous
 
 
 def test_caller_containers_are_not_changed_or_shared() -> None:

@@ -91,7 +91,9 @@ _SCORE_BYTES: Final = 8
 
 def _score(key: str, replica: int) -> int:
     """A replica's rendezvous weight for ``key``: stable across processes and runs."""
-    digest = hashlib.blake2b(f"{replica}\x00{key}".encode(), digest_size=_SCORE_BYTES).digest()
+    # surrogatepass: any str routes (a key with a lone surrogate is refused elsewhere, by name).
+    data = f"{replica}\x00{key}".encode("utf-8", "surrogatepass")
+    digest = hashlib.blake2b(data, digest_size=_SCORE_BYTES).digest()
     return int.from_bytes(digest, "big")
 
 

@@ -23,7 +23,6 @@ from omni_requests import (
     MediaKey,
     OmniRequestsError,
     PromptTypeError,
-    Scope,
     TextPrompt,
     TokensPrompt,
     media_keys,
@@ -184,42 +183,17 @@ class _Request:
                         if key is not None:
                             yield key.base
 
-    def scoped(self, index: int, scope: Scope) -> object:
+    def scoped(self, index: int, replica_id: int) -> object:
+        """Item ``index`` scoped to the replica: records through ``scope_to_replica`` (which
+        keeps a policy the record carries), dicts as the dict of their scoped record."""
         item, record = self.items[index], self.records[index]
-        if isinstance(item, _RECORDS):
-            return scope_to_replica(item, scope.replica_id, hasher=self.hasher, stage_id=scope.stage_id)
         if isinstance(item, str):
             return item
         if _is_token_list(item):
             return list(item)  # type: ignore[call-overload]
-        out = to_vllm(record)  # type: ignore[call-overload]
-        keys = self.keys(index)
-        if isinstance(record, EncoderDecoderPrompt):
-            for name, part, part_keys in zip(
-                ("encoder_prompt", "decoder_prompt"), _parts(record), keys, strict=True
-            ):
-                if part is not None:
-                    _set_uuids(out[name], part, part_keys, scope)
-        else:
-            _set_uuids(out, record, keys[0], scope)
-        return out
-
-
-def _set_uuids(out: dict[str, Any], part: Any, keys: _KeyMap | None, scope: Scope) -> None:
-    """Write the scoped keys into a fresh engine dict: what ``rendered_uuids`` gives for
-    the scoped record, rendered from keys already computed, so no item is hashed twice."""
-    if keys is None or (not part.multi_modal_data and not part.multi_modal_uuids):
-        return
-    # In rendered_uuids' order: the data's modalities, then those with UUIDs alone, both
-    # as the caller gave them (``out`` has them so; ``keys`` is a PMap, in hash order).
-    data = out.get("multi_modal_data", {})
-    order = [*data, *(m for m in out.get("multi_modal_uuids", ()) if m not in data)]
-    out["multi_modal_uuids"] = {
-        modality: [
-            None if key is None else MediaKey(key.base, key.origin, scope).render() for key in keys[modality]
-        ]
-        for modality in order
-    }
+        prompt: Any = record  # a record: dicts were read into one in __init__
+        scoped = scope_to_replica(prompt, replica_id, hasher=self.hasher)
+        return scoped if isinstance(item, _RECORDS) else to_vllm(scoped)
 
 
 def scope_stage0(
@@ -282,7 +256,6 @@ def scope_stage0(
             f"returned {replica!r} ({type_name(replica)}), which is not a live replica id; "
             f"live replicas: {list(pool.replicas)}",
         )
-    scope = Scope(0, replica, hasher)
-    scoped = [request.scoped(i, scope) for i in range(len(items))]
+    scoped = [request.scoped(i, replica) for i in range(len(items))]
     result: _T = scoped if many else scoped[0]  # type: ignore[assignment]
     return Stage0Result(replica, result)

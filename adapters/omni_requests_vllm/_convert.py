@@ -205,7 +205,8 @@ def _single_from_vllm(prompt: object) -> SinglePrompt:
         )
     if "encoder_prompt" in prompt:
         raise InvalidPromptError("$.encoder_prompt", "encoder-decoder prompts cannot be nested")
-    return kind(**_as_vllm_reads(prompt))
+    fields: dict[str, Any] = _as_vllm_reads(prompt)
+    return kind(**fields)
 
 
 def _as_vllm_reads(prompt: Mapping[str, object]) -> dict[str, object]:

@@ -325,13 +325,15 @@ def test_the_callers_prompts_are_untouched_and_share_nothing_mutable_with_the_re
     assert deep_equal(prompts, before)
 
 
-def test_media_arrays_are_shared_read_only_never_copied() -> None:
+def test_media_arrays_are_sent_as_immutable_copies() -> None:
     image = image_array(5)
     _, out = scope_stage0(
         {"prompt": "<image>", "multi_modal_data": {"image": image}}, pool=_pool(), hasher=HASHER
     )
     sent = out["multi_modal_data"]["image"][0]
-    assert np.shares_memory(sent, image) and not sent.flags.writeable
+    assert np.array_equal(sent, image) and not np.shares_memory(sent, image)
+    with pytest.raises(ValueError, match="WRITEABLE"):
+        sent.flags.writeable = True  # whoever receives the dict cannot write behind the key
     assert image.flags.writeable  # the caller's own array keeps its flag
 
 
@@ -353,7 +355,7 @@ def test_unknown_prompt_objects_in_a_scoped_request_are_refused() -> None:
     ("kwargs", "message"),
     [
         ({"replicas": [0, 0]}, r"\$\.replicas: replica ids must be distinct"),
-        ({"replicas": [0, -1]}, r"\$\.replicas\[1\]: must be >= 0"),
+        ({"replicas": [0, -1]}, r"\$\.replicas\[1\]: must be between 0 and 2\*\*63 - 1, got -1"),
         ({"replicas": "2"}, r"\$\.replicas: must be a replica count"),
         ({"replicas": 2, "select": 3}, r"\$\.select: must be callable"),
         ({"replicas": 2, "engine_request_types": [1]}, r"\$\.engine_request_types\[0\]: must be a type"),

@@ -1,0 +1,350 @@
+"""The trust contract, one class of attack at a time (issue "Trust").
+
+No sequence of public operations, by anyone holding any reference, can make
+``to_vllm(record)`` carry a key other than the key of the item that same dict carries
+(plus its scope); a policy set on a record survives every scoping road or the road
+refuses the record. Each test here failed on the code before this contract was built.
+The stateful adversary that mixes all of them is in ``tests/properties/test_adversary.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from typing import Any
+
+import attrs
+import numpy as np
+import pytest
+from PIL import Image
+
+from omni_requests import (
+    InvalidPromptError,
+    KeyPolicy,
+    MediaHasher,
+    TextPrompt,
+    rendered_uuids,
+    scope_to_replica,
+)
+from omni_requests_omni import CacheAffinity, RouteRequest, Stage0Pool, scope_stage0
+from omni_requests_vllm import from_vllm, to_vllm
+
+from .conftest import video
+
+HASHER = MediaHasher("/models/tiny-vl")
+
+
+def _sent(record: Any, modality: str = "video") -> tuple[str, Any]:
+    """The key and the item the engine's dict carries for the record's first item."""
+    out = to_vllm(record)
+    return out["multi_modal_uuids"][modality][0], out["multi_modal_data"][modality][0]
+
+
+def _truth(modality: str, item: Any, prefix: str = "stage0:rep0:") -> str:
+    """The key of ``item`` hashed afresh, from a private copy (no cache can answer)."""
+    fresh = item.copy() if isinstance(item, np.ndarray) else item
+    return prefix + HASHER.key(modality, fresh)
+
+
+# -- 1. freezing an array freezes its bytes --
+
+
+def test_a_writable_view_taken_before_freezing_cannot_stale_the_key() -> None:
+    frames = video(1)
+    side_door = frames[:]  # taken while writable
+    frames.flags.writeable = False
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": frames}), 0, hasher=HASHER)
+    first, _ = _sent(record)
+    side_door[:] = 0
+    key, item = _sent(record)
+    assert key == first == _truth("video", item)
+
+
+def test_an_owner_that_unfreezes_writes_and_refreezes_cannot_stale_the_key() -> None:
+    frames = video(2)
+    frames.flags.writeable = False
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": frames}), 0, hasher=HASHER)
+    _sent(record)
+    frames.flags.writeable = True
+    frames[:] = 255
+    frames.flags.writeable = False
+    key, item = _sent(record)
+    assert key == _truth("video", item)
+
+
+def test_whoever_receives_the_dict_cannot_write_behind_the_key() -> None:
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": video(3)}), 0, hasher=HASHER)
+    _, item = _sent(record)
+    handles = [item, item.base, record.multi_modal_data["video"][0]]
+    for handle in handles:
+        if isinstance(handle, np.ndarray):
+            with pytest.raises(ValueError, match="WRITEABLE"):
+                handle.flags.writeable = True
+    key, again = _sent(record)
+    assert key == _truth("video", again)
+
+
+# -- 2. a cache equates only what the hash equates --
+
+
+def test_signed_zero_sample_rates_get_their_own_keys() -> None:
+    wave = np.frombuffer(np.linspace(-1, 1, 64, dtype=np.float32).tobytes(), np.float32)
+    keys = []
+    for rate in (0.0, -0.0):
+        record = scope_to_replica(
+            TextPrompt(prompt="x", multi_modal_data={"audio": (wave, rate)}), 0, hasher=HASHER
+        )
+        key, _ = _sent(record, "audio")
+        assert key == _truth("audio", (wave.copy(), rate))
+        keys.append(key)
+    assert keys[0] != keys[1]
+
+
+def test_structured_scalars_of_other_layouts_get_their_own_keys() -> None:
+    frames = np.frombuffer(video(4).tobytes(), np.uint8).reshape(video(4).shape)
+    one = np.zeros((), dtype=[("a", "<i2"), ("b", "<i2")])[()]
+    other = np.zeros((), dtype=[("c", "<i4")])[()]
+    assert one.tobytes() == other.tobytes() and one.dtype.str == other.dtype.str
+    keys = [
+        _sent(
+            scope_to_replica(
+                TextPrompt(prompt="x", multi_modal_data={"video": (frames, {"m": s})}), 0, hasher=HASHER
+            )
+        )[0]
+        for s in (one, other)
+    ]
+    assert keys == [_truth("video", (frames.copy(), {"m": s})) for s in (one, other)]
+    assert keys[0] != keys[1]
+
+
+class _Big(int):
+    pass
+
+
+def test_int_subclasses_are_plain_ints_and_must_fit_in_64_bits() -> None:
+    with pytest.raises(InvalidPromptError, match="64 bits") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"video": (video(5), {"frames": _Big(1 << 70)})})
+    assert caught.value.path == "$.multi_modal_data.video[0][1].frames"
+    small = TextPrompt(prompt="x", multi_modal_data={"video": (video(5), {"frames": _Big(3)})})
+    assert type(small.multi_modal_data["video"][0][1]["frames"]) is int
+    twins = [
+        TextPrompt(prompt="x", multi_modal_data={"video": (video(5), {"frames": _Big(3)})}) for _ in range(2)
+    ]
+    assert len({HASHER.key("video", t.multi_modal_data["video"][0]) for t in twins}) == 1
+
+
+# -- 3. policies are neither lost nor forged --
+
+
+def _tenant_image(seed: int) -> dict[str, Any]:
+    image = np.random.default_rng(seed).integers(0, 256, (4, 4, 3), dtype=np.uint8)
+    return {"prompt": "<image>", "multi_modal_data": {"image": image}, "multi_modal_uuids": {"image": "cat"}}
+
+
+def test_the_drop_in_stage0_road_keeps_a_tenants_policy() -> None:
+    pool = Stage0Pool(replicas=2, select=lambda request: 1)
+    keys = []
+    for tenant, seed in (("acme", 1), ("globex", 2)):
+        record = from_vllm(_tenant_image(seed))
+        scoped = scope_to_replica(record, 0, hasher=HASHER, policy=KeyPolicy(namespaces=True, tenant=tenant))  # type: ignore[type-var]
+        _, routed = scope_stage0(scoped, pool=pool, hasher=HASHER)
+        keys.append(to_vllm(routed)["multi_modal_uuids"]["image"][0])
+    assert keys == ["stage0:rep1:tenant:acme:user:cat", "stage0:rep1:tenant:globex:user:cat"]
+
+
+def test_scoping_refuses_to_change_a_records_policy_and_keeps_it_by_default() -> None:
+    record = from_vllm(_tenant_image(3))
+    acme = scope_to_replica(record, 0, hasher=HASHER, policy=KeyPolicy(tenant="acme"))  # type: ignore[type-var]
+    assert rendered_uuids(scope_to_replica(acme, 1, hasher=HASHER)) == {
+        "image": ["stage0:rep1:tenant:acme:cat"]
+    }
+    for other in (KeyPolicy(), KeyPolicy(tenant="globex")):
+        with pytest.raises(InvalidPromptError, match="keeps its policy") as caught:
+            scope_to_replica(acme, 1, hasher=HASHER, policy=other)
+        assert caught.value.path == "policy"
+
+
+@pytest.mark.parametrize("uuid", ["tenant:acme:user:cat", "user:cat", "bound:0123:cat", "tenant:acme:cat"])
+def test_no_user_uuid_can_spell_a_policys_key(uuid: str) -> None:
+    with pytest.raises(InvalidPromptError, match="may not spell") as caught:
+        TextPrompt(
+            prompt="x",
+            multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)},
+            multi_modal_uuids={"image": uuid},
+        )
+    assert caught.value.path == "$.multi_modal_uuids.image[0]"
+
+
+# -- 4. content binding sees what the model sees --
+
+
+def _png(image: Image.Image, **info: Any) -> Image.Image:
+    import io
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", **info)
+    buffer.seek(0)
+    return Image.open(buffer)
+
+
+def test_binding_tells_apart_orientation_and_transparency() -> None:
+    pixels = np.random.default_rng(6).integers(0, 4, (16, 24), dtype=np.uint8)
+    base = Image.fromarray(pixels, mode="L").convert("P")
+    rotated = base.copy()
+    rotated.getexif()[0x0112] = 6  # EXIF Orientation: rotate 90
+    transparent = _png(base, transparency=1)
+    policy = KeyPolicy(bind_content=True)
+    seen = {}
+    for name, image in (("plain", base), ("rotated", rotated), ("transparent", transparent)):
+        record = TextPrompt(
+            prompt="x", multi_modal_data={"image": image}, multi_modal_uuids={"image": "same"}
+        )
+        seen[name] = rendered_uuids(scope_to_replica(record, 0, hasher=HASHER, policy=policy))
+        assert HASHER.content_key("image", image) not in seen.values()
+    assert len({str(v) for v in seen.values()}) == 3
+    assert len({HASHER.content_key("image", i) for i in (base, rotated, transparent)}) == 3
+
+
+# -- 5. templates: one obvious way to swap media, and the footgun refused --
+
+
+def test_evolve_with_new_media_cannot_keep_the_old_items_uuids() -> None:
+    template = TextPrompt(
+        prompt="<video>", multi_modal_data={"video": video(7)}, multi_modal_uuids={"video": "clip-1"}
+    )
+    with pytest.raises(InvalidPromptError, match="replace_media") as caught:
+        attrs.evolve(template, multi_modal_data={"video": video(8)})
+    assert caught.value.path == "$.multi_modal_uuids.video[0]"
+
+
+def test_evolve_that_silently_drops_a_modality_cannot_leave_its_uuids_behind() -> None:
+    image = np.zeros((2, 2, 3), np.uint8)
+    template = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": image, "video": video(9)},
+        multi_modal_uuids={"image": "img-1", "video": [None]},
+    )
+    with pytest.raises(InvalidPromptError, match="img-1"):
+        attrs.evolve(template, multi_modal_data={"video": video(10)})
+
+
+def test_replace_media_drops_replaced_uuids_and_keeps_the_rest() -> None:
+    image = np.zeros((2, 2, 3), np.uint8)
+    template = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": image, "video": video(11)},
+        multi_modal_uuids={"image": "img-1", "video": "v-1"},
+    )
+    new = video(12)
+    copy = template.replace_media({"video": new})
+    out = to_vllm(scope_to_replica(copy, 1, hasher=HASHER))
+    assert list(out["multi_modal_data"]) == ["image", "video"]
+    assert out["multi_modal_uuids"] == {
+        "image": ["stage0:rep1:img-1"],
+        "video": [_truth("video", new, "stage0:rep1:")],
+    }
+    named = template.replace_media({"video": new}, {"video": "v-2"})
+    assert rendered_uuids(named) == {"image": ["img-1"], "video": ["v-2"]}
+    assert template.multi_modal_uuids["video"][0] == "v-1"
+    # Changing other fields keeps the media, so the UUIDs still name their own items.
+    assert attrs.evolve(template, prompt="y").multi_modal_uuids == template.multi_modal_uuids
+
+
+# -- 7. bad input: a clear error naming the field, never a raw one --
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 1
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("field", ["multi_modal_data", "mm_processor_kwargs"])
+def test_deep_nesting_is_refused_by_name(field: str) -> None:
+    value = (
+        {"video": (video(1), {"deep": _nested(400)})}
+        if field == "multi_modal_data"
+        else {"deep": _nested(400)}
+    )
+    with pytest.raises(InvalidPromptError, match="nested more than") as caught:
+        TextPrompt(prompt="x", **{field: value})
+    assert caught.value.path.startswith(f"$.{field}")
+
+
+@pytest.mark.parametrize("replica", [10**5000, 1 << 63], ids=["5000-digits", "2**63"])
+def test_huge_replica_ids_are_refused_before_rendering(replica: int) -> None:
+    record = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    with pytest.raises(InvalidPromptError, match="2\\*\\*63") as caught:
+        scope_to_replica(record, replica, hasher=HASHER)
+    assert caught.value.path == "replica_id"
+
+
+@pytest.mark.parametrize(
+    ("build", "path"),
+    [
+        (
+            lambda: TextPrompt(prompt="x", multi_modal_data={"video": (video(1), {"tag": "a\ud800"})}),
+            "$.multi_modal_data.video[0][1].tag",
+        ),
+        (
+            lambda: TextPrompt(prompt="x", multi_modal_data={"video": (video(1), {"t\udfff": 1})}),
+            "$.multi_modal_data.video[0][1]",
+        ),
+        (lambda: TextPrompt(prompt="x", multi_modal_data={"vid\ud800": [video(1)]}), "$.multi_modal_data"),
+        (
+            lambda: TextPrompt(
+                prompt="x", multi_modal_data={"video": video(1)}, multi_modal_uuids={"video": "v\ud800"}
+            ),
+            "$.multi_modal_uuids.video[0]",
+        ),
+        (lambda: MediaHasher("model\ud800"), "$.model_id"),
+    ],
+    ids=["item", "dict-key", "modality", "uuid", "model-id"],
+)
+def test_lone_surrogates_are_refused_by_name(build: Any, path: str) -> None:
+    with pytest.raises(InvalidPromptError, match="surrogate") as caught:
+        build()
+    assert caught.value.path == path
+
+
+def test_cache_affinity_routes_any_key_text() -> None:
+    assert CacheAffinity()(RouteRequest("r", [0, 1], ["a\ud800"])) in (0, 1)
+
+
+# -- 8. order and parity --
+
+
+_UNPICKLE = """
+import pickle, sys
+from omni_requests_vllm import to_vllm
+record = pickle.loads(sys.stdin.buffer.read())
+out = to_vllm(record)
+print(list(out["multi_modal_data"]), list(out["multi_modal_uuids"]))
+"""
+
+
+def test_an_unpickled_record_keeps_the_callers_modality_order() -> None:
+    modalities = ["video", "image", "audio", "zeta", "alpha", "mid"]
+    record = TextPrompt(
+        prompt="x",
+        multi_modal_data={m: [None] for m in modalities},
+        multi_modal_uuids={m: [f"u-{m}"] for m in modalities},
+    )
+    data = pickle.dumps(record)
+    for seed in ("0", "1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", _UNPICKLE], input=data, capture_output=True, env=env, check=True
+        )
+        assert done.stdout.decode().strip() == f"{modalities} {modalities}"
+
+
+def test_a_masked_array_reaches_the_engine_as_the_plain_array_it_is_keyed_by() -> None:
+    masked = np.ma.masked_array(np.arange(12, dtype=np.float32).reshape(3, 4), mask=np.eye(3, 4))
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"audio": [masked]}), 0, hasher=HASHER)
+    key, item = _sent(record, "audio")
+    assert type(item) is np.ndarray and item.tobytes() == masked.data.tobytes()
+    assert key == _truth("audio", item)
