@@ -519,7 +519,7 @@ class _Prompt(_Derived):
         and the replaced modalities' UUIDs are dropped, so their new items are keyed by
         content, unless ``multi_modal_uuids`` names new ones. A modality given as None is
         removed with its UUIDs. (``attrs.evolve`` with new media would keep the old UUIDs
-        for the new items; records refuse that, see :ref:`the guide <templates>`.)
+        for the new items; records refuse that: see "Templates and copies" in the guide.)
 
         >>> import numpy as np
         >>> template = TextPrompt(prompt="<image>", multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)},
