@@ -15,7 +15,7 @@ from importlib import import_module
 
 from ._harness import Row, table
 
-SUITES = ("hashing", "reuse", "overhead", "memory", "binding", "wire")
+SUITES = ("hashing", "construction", "reuse", "overhead", "memory", "binding", "wire")
 
 
 def main(argv: list[str] | None = None) -> int:
