@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 __all__ = ["InvalidPromptError", "OmniRequestsError", "PromptTypeError"]
 
 
@@ -20,6 +22,20 @@ class OmniRequestsError(Exception):
     def __reduce__(self) -> tuple[type[OmniRequestsError], tuple[str, str]]:
         # Errors cross process boundaries (engines run workers); keep them picklable.
         return (type(self), (self.path, self.message))
+
+    def under(self, root: str) -> Self:
+        """The same error for a value found at ``root``: its path re-rooted there.
+
+        ``$.multi_modal_uuids.image[1]`` under ``$.encoder_prompt`` becomes
+        ``$.encoder_prompt.multi_modal_uuids.image[1]``; ``$`` itself becomes ``root``.
+        Raise it ``from None``: the inner traceback points at the same bad value.
+
+        >>> PromptTypeError("$.prompt", "must be a str").under("$[1]").path
+        '$[1].prompt'
+        """
+        inner = self.path
+        path = root + inner[1:] if inner.startswith("$") else f"{root}.{inner}"
+        return type(self)(path, self.message)
 
 
 class InvalidPromptError(OmniRequestsError, ValueError):

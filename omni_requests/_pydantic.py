@@ -23,7 +23,7 @@ import attrs
 
 from ._errors import InvalidPromptError, OmniRequestsError, PromptTypeError, type_name
 from ._media import plain_map, thaw
-from ._records import EmbedsPrompt, EncoderDecoderPrompt, TextPrompt, TokensPrompt
+from ._records import SINGLE_KINDS, EmbedsPrompt, EncoderDecoderPrompt, TextPrompt, TokensPrompt
 
 __all__ = ["install"]
 
@@ -58,12 +58,11 @@ _JSON_FIELDS: Final[dict[str, dict[str, Any]]] = {
     "additional_information": _OBJECT,
     "model_intermediate_buffer": _OBJECT,
 }
-_SINGLE: Final = (TextPrompt, TokensPrompt, EmbedsPrompt)
 
 
 def install() -> None:
     """Give the record classes pydantic's hooks (idempotent; imports no pydantic)."""
-    for cls in (*_SINGLE, EncoderDecoderPrompt):
+    for cls in (*SINGLE_KINDS, EncoderDecoderPrompt):
         setattr(cls, "__get_pydantic_core_schema__", classmethod(_core_schema))  # noqa: B010
         setattr(cls, "__get_pydantic_json_schema__", classmethod(_json_schema))  # noqa: B010
 
@@ -151,14 +150,14 @@ def _build(cls: type[Any], value: object, path: str, *, json: bool) -> Any:
     except OmniRequestsError as error:
         if path == "$":
             raise
-        raise type(error)(path + error.path[1:], error.message) from None
+        raise error.under(path) from None
     except TypeError as error:  # attrs: a required field is missing
         raise InvalidPromptError(path, f"{cls.__name__}: {error}") from None
 
 
 def _kind_of(value: object) -> type[Any]:
     """The single-prompt kind a nested dict is, by vLLM's own rule (embeddings, tokens, text)."""
-    if isinstance(value, _SINGLE):
+    if isinstance(value, SINGLE_KINDS):
         return type(value)
     if isinstance(value, Mapping):
         if "prompt_embeds" in value:

@@ -12,7 +12,7 @@ import operator
 import types
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Self, TypeAlias
 
 import attrs
 import numpy as np
@@ -45,6 +45,40 @@ __all__ = [
 
 MediaData: TypeAlias = "PMap[str, PVector[Any]]"
 MediaUUIDs: TypeAlias = "PMap[str, PVector[str | None]]"
+
+# -- what constructors accept, to a type checker (the converters check it all at run time) --
+
+if TYPE_CHECKING:
+    import torch
+    from numpy.typing import NDArray
+    from PIL.Image import Image
+
+MediaPart: TypeAlias = (
+    "str | bytes | int | float | np.generic | NDArray[np.generic] | Image | torch.Tensor | None"
+    " | tuple[MediaPart, ...] | Sequence[MediaPart] | Mapping[str, MediaPart]"
+)
+"""A value inside a media item: an audio's sampling rate, a video's metadata, an entry of
+a dict of embeddings."""
+MediaItem: TypeAlias = (
+    "NDArray[np.generic] | Image | torch.Tensor | tuple[MediaPart, ...] | Mapping[str, MediaPart]"
+    " | Sequence[NDArray[np.generic] | Image] | list[float]"
+)
+"""One item: an array, a PIL image or a tensor; ``(waveform, sampling_rate)`` or
+``(frames, metadata)``; a dict of embeddings; a video as its frames; a waveform as floats.
+Not a str or bytes: a path or an encoded file is no item (load it first)."""
+ModalityData: TypeAlias = "MediaItem | Sequence[MediaItem | None] | PVector[object]"
+"""One modality's value: an item, or a list of items (None for an item its UUID names).
+A ``PVector`` is always a list of items, never split again: a record's own, or a loader's."""
+MediaDataInput: TypeAlias = "Mapping[str, ModalityData]"
+"""What ``multi_modal_data`` accepts: modality name to an item or a list of items."""
+MediaUUIDsInput: TypeAlias = "Mapping[str, str | Sequence[str | None]]"
+"""What ``multi_modal_uuids`` accepts: modality name to a UUID or a list of UUIDs or None."""
+TokenIds: TypeAlias = "Sequence[int] | NDArray[np.integer[Any]]"
+"""Token ids: a list (or tuple) of int, or a 1-D integer array."""
+Options: TypeAlias = "Mapping[str, object]"
+"""Keyword options and stage payloads: str keys, any values (frozen when stored)."""
+StrList: TypeAlias = "list[str] | tuple[str, ...] | PVector[str]"
+"""A list of str, never a str alone (a str is a sequence of str to a type checker)."""
 
 _VISUAL_AUDIO: Final = frozenset({"image", "video", "audio"})
 
@@ -97,7 +131,7 @@ def _check_modality(path: str, modality: object) -> str:
     return check_text(path, str.__str__(modality))
 
 
-def _convert_media(value: object) -> MediaData:
+def _convert_media(value: MediaDataInput | None) -> MediaData:
     if value is None:
         return _EMPTY
     if is_frozen_map(value):
@@ -143,7 +177,7 @@ def _check_video_items(where: str, items: Sequence[object], *, given_as_items: b
             )
 
 
-def _convert_uuids(value: object) -> MediaUUIDs:
+def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:
     if value is None:
         return _EMPTY
     if is_frozen_map(value):
@@ -203,7 +237,7 @@ def _as_option_list(path: str, value: object) -> Any:
     return freeze_option(value, path)
 
 
-def _convert_media_io(value: object) -> FrozenDict[str, Any] | None:
+def _convert_media_io(value: Mapping[str, Options] | None) -> FrozenDict[str, Any] | None:
     path = "$.media_io_kwargs"
     frozen = _as_options(path, value)
     for modality, kwargs in (frozen or {}).items():
@@ -253,39 +287,39 @@ def _as_embeds(path: str, value: object, *, allow_list: bool = False) -> Any:
 # Named converters, one per field: attrs' mypy plugin reads their argument types.
 
 
-def _prompt(value: object) -> str:
+def _prompt(value: str) -> str:
     return _as_text("$.prompt", value)
 
 
-def _optional_prompt(value: object) -> str | None:
+def _optional_prompt(value: str | None) -> str | None:
     return None if value is None else _as_text("$.prompt", value)
 
 
-def _negative_prompt(value: object) -> str | None:
+def _negative_prompt(value: str | None) -> str | None:
     return None if value is None else _as_text("$.negative_prompt", value)
 
 
-def _cache_salt(value: object) -> str | None:
+def _cache_salt(value: str | None) -> str | None:
     return None if value is None else _as_text("$.cache_salt", value)
 
 
-def _prompt_token_ids(value: object) -> PVector[int]:
+def _prompt_token_ids(value: TokenIds) -> PVector[int]:
     return _as_token_ids("$.prompt_token_ids", value)
 
 
-def _optional_prompt_token_ids(value: object) -> PVector[int] | None:
+def _optional_prompt_token_ids(value: TokenIds | None) -> PVector[int] | None:
     return None if value is None else _as_token_ids("$.prompt_token_ids", value)
 
 
-def _token_type_ids(value: object) -> PVector[int] | None:
+def _token_type_ids(value: TokenIds | None) -> PVector[int] | None:
     return None if value is None else _as_token_ids("$.token_type_ids", value)
 
 
-def _prompt_token_offsets(value: object) -> Any:
+def _prompt_token_offsets(value: Sequence[tuple[int, int]] | None) -> Any:
     return _as_option_list("$.prompt_token_offsets", value)
 
 
-def _prompt_is_token_ids(value: object) -> PVector[bool] | None:
+def _prompt_is_token_ids(value: Sequence[bool] | None) -> PVector[bool] | None:
     path = "$.prompt_is_token_ids"
     if value is None:
         return None
@@ -297,35 +331,35 @@ def _prompt_is_token_ids(value: object) -> PVector[bool] | None:
     return pvector(value)
 
 
-def _prompt_embeds(value: object) -> Any:
+def _prompt_embeds(value: torch.Tensor) -> Any:
     return _as_embeds("$.prompt_embeds", value)
 
 
-def _optional_prompt_embeds(value: object) -> Any:
+def _optional_prompt_embeds(value: torch.Tensor | None) -> Any:
     return None if value is None else _as_embeds("$.prompt_embeds", value)
 
 
-def _negative_prompt_embeds(value: object) -> Any:
+def _negative_prompt_embeds(value: torch.Tensor | None) -> Any:
     return None if value is None else _as_embeds("$.negative_prompt_embeds", value)
 
 
-def _negative_prompt_embeds_list(value: object) -> Any:
+def _negative_prompt_embeds_list(value: torch.Tensor | Sequence[torch.Tensor] | None) -> Any:
     return None if value is None else _as_embeds("$.negative_prompt_embeds", value, allow_list=True)
 
 
-def _mm_processor_kwargs(value: object) -> FrozenDict[str, Any] | None:
+def _mm_processor_kwargs(value: Options | None) -> FrozenDict[str, Any] | None:
     return _as_options("$.mm_processor_kwargs", value)
 
 
-def _additional_information(value: object) -> FrozenDict[str, Any] | None:
+def _additional_information(value: Options | None) -> FrozenDict[str, Any] | None:
     return _as_options("$.additional_information", value)
 
 
-def _model_intermediate_buffer(value: object) -> FrozenDict[str, Any] | None:
+def _model_intermediate_buffer(value: Options | None) -> FrozenDict[str, Any] | None:
     return _as_options("$.model_intermediate_buffer", value)
 
 
-def _modalities(value: object) -> PVector[str] | None:
+def _modalities(value: StrList | None) -> PVector[str] | None:
     path = "$.modalities"
     if value is None:
         return None
@@ -647,14 +681,15 @@ class EmbedsPrompt(_Prompt):
 
 
 SinglePrompt: TypeAlias = TextPrompt | TokensPrompt | EmbedsPrompt
-_SINGLE: Final = (TextPrompt, TokensPrompt, EmbedsPrompt)
+SINGLE_KINDS: Final = (TextPrompt, TokensPrompt, EmbedsPrompt)
+"""The record kinds of a single prompt, for ``isinstance``: the one place that lists them."""
 
 
 def _single(path: str, *, optional: bool) -> Callable[[object, attrs.Attribute[Any], object], None]:
     def check(_: object, __: attrs.Attribute[Any], value: object) -> None:
         if value is None and optional:
             return
-        if not isinstance(value, _SINGLE):
+        if not isinstance(value, SINGLE_KINDS):
             raise PromptTypeError(
                 path, f"must be a TextPrompt, TokensPrompt or EmbedsPrompt, got {type_name(value)}"
             )

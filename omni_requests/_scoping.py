@@ -16,7 +16,7 @@ from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import MediaHasher
 from ._keys import _DEFAULT_POLICY, MAX_INDEX, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index
 from ._media import plain_map
-from ._records import _EMPTY, _SINGLE, EncoderDecoderPrompt, SinglePrompt, field_copier, replace_fields
+from ._records import _EMPTY, SINGLE_KINDS, EncoderDecoderPrompt, SinglePrompt, field_copier, replace_fields
 
 __all__ = ["media_keys", "rendered_uuids", "scope_to_replica"]
 
@@ -33,7 +33,7 @@ _RENDERINGS: dict[int, tuple[Scope, str, str, bool]] = {}
 # Memo entries per template: one per scope it is rendered in (stages x replicas x policies).
 _MAX_MEMO: Final = 64
 _WITH_SCOPE: Final[dict[type[Any], Callable[..., Any]]] = {
-    kind: field_copier(kind, ("scope",)) for kind in _SINGLE
+    kind: field_copier(kind, ("scope",)) for kind in SINGLE_KINDS
 }
 
 
@@ -109,7 +109,7 @@ def scope_to_replica(
     with_scope = _WITH_SCOPE.get(type(prompt))
     if with_scope is None:
         return _scope_other(prompt, replica_id, hasher, stage_id, policy)
-    single: SinglePrompt = prompt  # type: ignore[assignment]  # its type is one of _SINGLE
+    single: SinglePrompt = prompt  # type: ignore[assignment]  # its type is one of SINGLE_KINDS
     # Records hold the one empty map whenever a map is empty (frozen_map), so identity
     # answers what len() would, without a call into pyrsistent's Python code.
     if single.multi_modal_data is _EMPTY and single.multi_modal_uuids is _EMPTY:
@@ -155,7 +155,7 @@ def _scope_other(
             return prompt
         scoped: _P = replace_fields(prompt, encoder_prompt=encoder, decoder_prompt=decoder)
         return scoped
-    if not isinstance(prompt, _SINGLE):
+    if not isinstance(prompt, SINGLE_KINDS):
         raise PromptTypeError("prompt", f"must be a prompt record, got {type_name(prompt)}")
     if not prompt.multi_modal_data and not prompt.multi_modal_uuids:
         return prompt
@@ -186,7 +186,7 @@ def _check_bindable(prompt: SinglePrompt) -> None:
 
 
 def _keys(prompt: SinglePrompt, hasher: MediaHasher | None) -> dict[str, list[MediaKey | None]]:
-    if not isinstance(prompt, _SINGLE):
+    if not isinstance(prompt, SINGLE_KINDS):
         raise PromptTypeError("prompt", f"must be a single prompt record, got {type_name(prompt)}")
     scope = prompt.scope
     if hasher is None and scope is not None:

@@ -40,7 +40,7 @@ from pyrsistent import PMap, PVector, pvector
 from ._errors import type_name
 from ._keys import looks_scoped
 from ._media import is_pil_image, is_torch_tensor
-from ._records import _SINGLE, SinglePrompt, _summary, values_equal
+from ._records import SINGLE_KINDS, SinglePrompt, _summary, values_equal
 from ._scoping import rendered_uuids
 from .strategies import TemplateCopies, media_identity, prompts, templates_with_copies
 
@@ -263,7 +263,7 @@ class _Records:
 
     def call(self, fn: Callable[[Any, int], Any], prompt: object, replica: int) -> _Result:
         replica, out = _split_result(fn(prompt, replica), replica)
-        if not isinstance(out, _SINGLE):
+        if not isinstance(out, SINGLE_KINDS):
             raise TypeError(f"the scoping function returned {type_name(out)}, expected a prompt record")
         return _Result(replica, rendered_uuids(out), out.multi_modal_data, out)
 

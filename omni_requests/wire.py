@@ -401,9 +401,7 @@ def _nested_path(path: str, error: OmniRequestsError) -> OmniRequestsError:
     """``error`` (from a constructor, rooted at ``$``) with its path under ``path``."""
     if path == "$":
         return error
-    inner = error.path
-    suffix = inner[1:] if inner.startswith("$") else f".{inner}"
-    return type(error)(path + suffix, error.message)
+    return error.under(path)
 
 
 @attrs.frozen

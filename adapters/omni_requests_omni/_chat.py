@@ -1,22 +1,28 @@
 """OpenAI-style chat messages to a prompt record, so chat media is scoped like any prompt.
 
 vllm-omni's chat server renders media before it routes, so stage-0 scoping never sees
-those keys. Building a :class:`~omni_requests.TextPrompt` from the messages first, and
-then scoping that with :func:`scope_stage0`, gives chat requests the same
-``stage0:rep{R}:{base}`` keys as plain prompts.
+those keys. Building a record from the messages first, and then scoping that with
+:func:`scope_stage0`, gives chat requests the same ``stage0:rep{R}:{base}`` keys as plain
+prompts.
+
+With a vLLM renderer (``renderer=``) the record is built by vLLM's own chat code
+(:mod:`._vllm_chat`): same tokens, placeholders and keys as vLLM's chat path. Without
+one, a small stand-in (no vLLM needed) builds a :class:`~omni_requests.TextPrompt` with a
+template you pass; it places media like vLLM but is not proven equal to any model's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, overload
 
 from pyrsistent import pvector
 
-from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError, TextPrompt
-from omni_requests._errors import type_name
+from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError, TextPrompt, TokensPrompt
+from omni_requests._adapter_api import type_name
 
 from ._loaders import DefaultLoader, MediaLoader, MediaLoadError
+from ._vllm_chat import chat_with_vllm
 
 __all__ = ["DEFAULT_PLACEHOLDERS", "ChatTemplate", "chat_to_prompt", "default_chat_template"]
 
@@ -31,7 +37,19 @@ _MEDIA_PARTS: Final = {
     "video_url": ("video", "video_url"),
     "audio_url": ("audio", "audio_url"),
     "input_audio": ("audio", "input_audio"),
+    "input_image": ("image", "image_url"),  # the Responses API's image part
 }
+# Parts vLLM reads as text (their content sits under the key of the same name, or "text").
+_TEXT_PARTS: Final = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+# Message fields the stand-in's flat template cannot carry; vLLM's path gives them to the template.
+_VLLM_ONLY_FIELDS: Final = ("tool_calls", "tool_call_id", "name")
+_ROOT: Final = "$.messages"
 
 
 def default_chat_template(conversation: list[dict[str, str]]) -> str:
@@ -71,16 +89,17 @@ def _url_of(part_type: str, value: object, path: str) -> str | None:
 def _part_type(part: Mapping[str, Any], path: str) -> str:
     part_type = part.get("type")
     if part_type is None:  # vLLM accepts a part without 'type' that holds one media key
-        found = [name for name in ("text", *_MEDIA_PARTS) if name in part]
+        found = [name for name in ("text", *_MEDIA_PARTS) if name in part and name != "input_image"]
         if len(found) != 1:
             raise InvalidPromptError(path, "a content part needs a 'type'")
         part_type = found[0]
     if not isinstance(part_type, str):
         raise PromptTypeError(f"{path}.type", f"must be a str, got {type_name(part_type)}")
-    if part_type != "text" and part_type not in _MEDIA_PARTS:
+    if part_type not in _TEXT_PARTS and part_type not in _MEDIA_PARTS:
         raise InvalidPromptError(
             f"{path}.type",
-            f"unsupported content part {part_type!r}; supported: text, {', '.join(_MEDIA_PARTS)}",
+            f"unsupported content part {part_type!r} without vLLM; supported: "
+            f"{', '.join([*_TEXT_PARTS, *_MEDIA_PARTS])} (pass renderer= for every part vLLM accepts)",
         )
     return part_type
 

@@ -34,7 +34,7 @@ from omni_requests import (
     TextPrompt,
     TokensPrompt,
 )
-from omni_requests._errors import type_name
+from omni_requests._adapter_api import type_name
 from omni_requests_vllm import to_vllm
 
 from ._routing import RouteRequest, SelectReplica

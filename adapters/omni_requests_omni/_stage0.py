@@ -16,20 +16,16 @@ import attrs
 from pyrsistent import PMap, PVector
 
 from omni_requests import (
-    EmbedsPrompt,
     EncoderDecoderPrompt,
     InvalidPromptError,
     MediaHasher,
     MediaKey,
     OmniRequestsError,
     PromptTypeError,
-    TextPrompt,
-    TokensPrompt,
     media_keys,
     scope_to_replica,
 )
-from omni_requests._errors import type_name
-from omni_requests._keys import check_index
+from omni_requests._adapter_api import SINGLE_KINDS, check_index, type_name
 from omni_requests_vllm import from_vllm, to_vllm
 
 from ._routing import RouteRequest, SelectReplica
@@ -37,8 +33,7 @@ from ._routing import RouteRequest, SelectReplica
 __all__ = ["Stage0Pool", "Stage0Result", "scope_stage0"]
 
 _T = TypeVar("_T")
-_SINGLE = (TextPrompt, TokensPrompt, EmbedsPrompt)
-_RECORDS = (*_SINGLE, EncoderDecoderPrompt)
+_RECORDS = (*SINGLE_KINDS, EncoderDecoderPrompt)
 _KeyMap = PMap[str, PVector[MediaKey | None]]
 
 
@@ -120,7 +115,7 @@ def _is_token_list(value: object) -> bool:
 
 def _carries_media(prompt: object) -> bool:
     """Whether ``prompt`` has ``multi_modal_data``, read the way the engine reads it."""
-    if isinstance(prompt, _SINGLE):
+    if isinstance(prompt, SINGLE_KINDS):
         return bool(prompt.multi_modal_data)
     if isinstance(prompt, EncoderDecoderPrompt):
         return _carries_media(prompt.encoder_prompt) or _carries_media(prompt.decoder_prompt)
@@ -154,7 +149,7 @@ class _Request:
                 try:
                     self.records.append(from_vllm(item))
                 except OmniRequestsError as error:
-                    raise type(error)(at(i) + error.path[1:], error.message) from None
+                    raise error.under(at(i)) from None
             else:
                 raise PromptTypeError(
                     at(i),

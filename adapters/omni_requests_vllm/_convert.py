@@ -21,8 +21,15 @@ from omni_requests import (
     TokensPrompt,
     rendered_uuids,
 )
-from omni_requests._errors import type_name
-from omni_requests._media import is_pil_image, is_torch_tensor, thaw
+from omni_requests._adapter_api import (
+    SINGLE_KINDS,
+    derived,
+    is_pil_image,
+    is_torch_tensor,
+    media_rows,
+    thaw,
+    type_name,
+)
 
 if TYPE_CHECKING:
     # vLLM's own prompt types, for type checkers only: `llm.generate(to_vllm(record))`
@@ -38,7 +45,6 @@ VllmPrompt: TypeAlias = dict[str, Any]
 """A vLLM prompt dict (``TextPrompt``, ``TokensPrompt``, ``EmbedsPrompt`` or
 ``ExplicitEncoderDecoderPrompt``; vllm-omni's ``Omni*Prompt`` where omni fields are set)."""
 
-_SINGLE: Final = (TextPrompt, TokensPrompt, EmbedsPrompt)
 # Record fields that are not vLLM keys: the scope is rendered into the UUIDs.
 _NOT_DICT_KEYS: Final = frozenset({"scope"})
 
@@ -47,7 +53,7 @@ def _dict_keys(kind: type[Any]) -> tuple[str, ...]:
     return tuple(f.name for f in attrs.fields(kind) if f.name not in _NOT_DICT_KEYS)
 
 
-_KEYS: Final = {kind: _dict_keys(kind) for kind in _SINGLE}
+_KEYS: Final = {kind: _dict_keys(kind) for kind in SINGLE_KINDS}
 # Fields go out main field first, like the dicts people write.
 _MAIN: Final = {TextPrompt: "prompt", TokensPrompt: "prompt_token_ids", EmbedsPrompt: "prompt_embeds"}
 _MEDIA: Final = ("multi_modal_data", "multi_modal_uuids")
@@ -61,7 +67,7 @@ def _plan(kind: type[Any]) -> _Plan:
     return (_MAIN[kind], options, operator.attrgetter(*options), (None,) * len(options))
 
 
-_PLANS: Final[dict[type[Any], _Plan]] = {kind: _plan(kind) for kind in _SINGLE}
+_PLANS: Final[dict[type[Any], _Plan]] = {kind: _plan(kind) for kind in SINGLE_KINDS}
 # Values thaw() returns as they are: skip the call (to_vllm is on every request's path).
 _AS_IS: Final = frozenset({str, bytes, int, float, bool, type(None), np.ndarray})
 
@@ -94,7 +100,7 @@ def to_vllm(prompt: Prompt) -> Any:
             "encoder_prompt": to_vllm(prompt.encoder_prompt),
             "decoder_prompt": None if decoder is None else to_vllm(decoder),
         }
-    for kind in _SINGLE:  # a subclass of a record kind converts as its kind
+    for kind in SINGLE_KINDS:  # a subclass of a record kind converts as its kind
         if isinstance(prompt, kind):
             return _single_to_vllm(prompt, _PLANS[kind])
     raise PromptTypeError("prompt", f"must be a prompt record, got {type_name(prompt)}")
@@ -104,9 +110,7 @@ def _single_to_vllm(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
     # Everything but the keys depends only on fields a template shares with its scoped
     # copies, so it is laid out once per template (see omni_requests._records._Derived);
     # the dict, lists and maps handed out are still new each call.
-    layout: Any = prompt._memo.get(_LAYOUT)
-    if layout is None:
-        layout = prompt._memo[_LAYOUT] = _layout(prompt, plan)
+    layout: Any = derived(prompt, _LAYOUT, _layout, plan)
     if layout is _THAW_EACH_TIME:
         return _thawed(prompt, plan)
     main, data, options = layout
@@ -130,7 +134,7 @@ def _layout(prompt: SinglePrompt, plan: _Plan) -> _Layout | tuple[str]:
     """The values that go out as they are, or a marker: some value is a container, thawed each call."""
     name, options, read_options, _ = plan
     main = getattr(prompt, name)
-    data = tuple((m, items) for m, items, _ in prompt._view if items is not None)
+    data = tuple((m, items) for m, items, _ in media_rows(prompt) if items is not None)
     given = tuple((n, v) for n, v in zip(options, read_options(prompt), strict=True) if v is not None)
     values = [main, *(v for _, v in given), *(item for _, items in data for item in items)]
     # thaw() hands tensors and images on as they are too; anything else is a container.
@@ -143,7 +147,7 @@ def _thawed(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
     main, options, read_options, unset = plan
     value = getattr(prompt, main)
     out: VllmPrompt = {main: value if type(value) in _AS_IS else thaw(value)}
-    data = [(m, items) for m, items, _ in prompt._view if items is not None]
+    data = [(m, items) for m, items, _ in media_rows(prompt) if items is not None]
     if data:
         out["multi_modal_data"] = {
             m: [item if type(item) in _AS_IS else thaw(item) for item in items] for m, items in data
@@ -182,7 +186,7 @@ def _nested(value: object, path: str) -> SinglePrompt:
     try:
         return _single_from_vllm(value)
     except OmniRequestsError as error:
-        raise type(error)(path + error.path[1:], error.message) from None
+        raise error.under(path) from None
 
 
 def _single_from_vllm(prompt: object) -> SinglePrompt:

@@ -1,0 +1,56 @@
+"""The seam between the core and its adapters: the only private names adapters may use.
+
+Adapters (``omni_requests_vllm``, ``omni_requests_omni``) live outside the core but sit
+on its hot path: ``to_vllm`` runs on every request. What they need beyond the public API
+is here, and nothing else crosses (``tests/test_adapter_seam.py`` walks the adapters'
+source and refuses any other private import or any access to a record's private state).
+Everything here is internal: it may change with the adapters, in the same release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ._errors import type_name
+from ._keys import check_index
+from ._media import is_pil_image, is_torch_tensor, thaw
+from ._records import SINGLE_KINDS, MediaRow, SinglePrompt
+
+__all__ = [
+    "SINGLE_KINDS",
+    "check_index",
+    "derived",
+    "is_pil_image",
+    "is_torch_tensor",
+    "media_rows",
+    "thaw",
+    "type_name",
+]
+
+_T = TypeVar("_T")
+
+
+def media_rows(prompt: SinglePrompt) -> tuple[MediaRow, ...]:
+    """The record's media as ``(modality, items or None, uuids or None)`` rows, in the
+    caller's modality order; ``items`` is None for UUIDs whose modality sends no data.
+
+    Tuples the record holds and shares with its scoped copies: read them, never keep a
+    changed copy as the record's.
+    """
+    return prompt._view
+
+
+def derived(prompt: SinglePrompt, key: str, build: Callable[..., _T], *args: Any) -> _T:
+    """``build(prompt, *args)``, computed once per template and kept with it.
+
+    The memo is shared by a record and its scoped copies (``scope_to_replica`` changes
+    only the scope), so ``build`` must depend only on fields other than the scope.
+    ``key`` names the value: prefix it with the adapter's module name. The memo is
+    bounded; a value may be computed again.
+    """
+    memo = prompt._memo
+    value: _T | None = memo.get(key)
+    if value is None:
+        value = memo[key] = build(prompt, *args)
+    return value
