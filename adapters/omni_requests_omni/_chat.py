@@ -104,24 +104,61 @@ def _part_type(part: Mapping[str, Any], path: str) -> str:
     return part_type
 
 
+_UNSET: Any = object()
+
+
+@overload
 def chat_to_prompt(
     messages: Sequence[Mapping[str, Any]],
     *,
+    renderer: None = None,
     loader: MediaLoader | None = None,
-    template: ChatTemplate = default_chat_template,
-    placeholders: Mapping[str, str] = DEFAULT_PLACEHOLDERS,
+    template: ChatTemplate = ...,
+    placeholders: Mapping[str, str] = ...,
     **fields: Any,
-) -> TextPrompt:
+) -> TextPrompt: ...
+@overload
+def chat_to_prompt(
+    messages: Sequence[Mapping[str, Any]], *, renderer: Any, **options: Any
+) -> TokensPrompt: ...
+def chat_to_prompt(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    renderer: Any = None,
+    loader: MediaLoader | None = None,
+    template: ChatTemplate = _UNSET,
+    placeholders: Mapping[str, str] = _UNSET,
+    **fields: Any,
+) -> TextPrompt | TokensPrompt:
     """The prompt record for OpenAI-style chat ``messages``.
 
-    Content parts ``image_url``, ``video_url``, ``audio_url`` and ``input_audio`` are
-    loaded with ``loader`` (default: :class:`DefaultLoader`, data URLs only) into
-    ``multi_modal_data``, in order; a part's ``uuid`` becomes its
-    ``multi_modal_uuids`` entry, and a part with a ``uuid`` and no media stands for an
-    item the engine has cached. Each media part is replaced by its modality's
-    placeholder, parts are joined with newlines, and ``template`` renders the turns.
-    Other keyword arguments (``mm_processor_kwargs``, ``cache_salt``, ...) go to the
-    record. Errors name the part, e.g. ``$[0].content[1].image_url``.
+    **With vLLM** (``renderer=`` a vLLM renderer, e.g. ``LLM(...).renderer`` or
+    ``renderer_from_config(vllm_config)``): the messages go through vLLM's own chat code
+    exactly as ``LLM.chat`` sends them (its parser and media connector, the chat template,
+    tokenization without added special tokens), and the result becomes a
+    :class:`~omni_requests.TokensPrompt`. Every part vLLM accepts is accepted (``text``,
+    ``input_text``, ``output_text``, ``refusal``, ``thinking``, ``image_url``,
+    ``input_image``, ``image_pil``, ``image_embeds``, ``audio_url``, ``input_audio``,
+    ``audio_embeds``, ``video_url``, ``video_embeds``, per-part ``uuid``), and ``name``,
+    ``tool_calls`` and ``tool_call_id`` reach the template. ``to_vllm`` of the record fed to
+    the same renderer gives vLLM's own prompt token ids, placeholders and ``mm_hashes``.
+    Keyword options are ``LLM.chat``'s: ``chat_template``, ``chat_template_content_format``,
+    ``chat_template_kwargs``, ``add_generation_prompt`` (default True),
+    ``continue_final_message``, ``tools``, ``tokenization_kwargs``, ``mm_processor_kwargs``,
+    plus ``media_io_kwargs``; other keywords (``cache_salt``, ...) go to the record. What
+    vLLM refuses is refused with an error naming the message and part
+    (``$.messages[2].content[1]``), vLLM's own message included.
+
+    **Without vLLM** (no ``renderer``), a small stand-in: ``image_url``, ``input_image``,
+    ``video_url``, ``audio_url`` and ``input_audio`` parts are loaded with ``loader``
+    (default: :class:`DefaultLoader`) into ``multi_modal_data``, in order; a part's
+    ``uuid`` becomes its ``multi_modal_uuids`` entry, and a part with a ``uuid`` and no
+    media stands for an item the engine has cached. As in vLLM, a message's placeholders
+    (``placeholders``, one per item) come first, then its text parts joined with newlines;
+    ``template`` renders the turns into a :class:`~omni_requests.TextPrompt`. The
+    template is yours, so the prompt is not proven equal to any model's; messages with
+    ``name``, ``tool_calls`` or ``tool_call_id`` are refused (the stand-in's flat turns
+    cannot carry them). Errors name the part, e.g. ``$.messages[0].content[1].image_url``.
 
     >>> import base64, io, wave
     >>> buffer = io.BytesIO()
@@ -129,27 +166,62 @@ def chat_to_prompt(
     ...     w.setnchannels(1); w.setsampwidth(2); w.setframerate(16000); w.writeframes(bytes(64))
     >>> clip = base64.b64encode(buffer.getvalue()).decode()
     >>> p = chat_to_prompt([{"role": "user", "content": [
-    ...     {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}, "uuid": "clip-7"},
-    ...     {"type": "text", "text": "transcribe"}]}])
+    ...     {"type": "text", "text": "transcribe"},
+    ...     {"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}, "uuid": "clip-7"}]}])
     >>> p.prompt
     '<|user|>\\n<audio>\\ntranscribe\\n<|assistant|>\\n'
     >>> (uuid,), ((samples, rate),) = p.multi_modal_uuids["audio"], p.multi_modal_data["audio"]
     >>> uuid, rate
     ('clip-7', 16000.0)
     """
+    if renderer is not None:
+        given = [
+            name
+            for name, value in (("loader", loader), ("template", template), ("placeholders", placeholders))
+            if value is not None and value is not _UNSET
+        ]
+        if given:
+            raise InvalidPromptError(
+                f"$.{given[0]}",
+                "is for the stand-in without vLLM; with renderer=, vLLM's chat template renders",
+            )
+        return chat_with_vllm(messages, renderer, **fields)
+    return _stand_in(
+        messages,
+        loader=loader,
+        template=default_chat_template if template is _UNSET else template,
+        placeholders=DEFAULT_PLACEHOLDERS if placeholders is _UNSET else placeholders,
+        fields=fields,
+    )
+
+
+def _stand_in(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    loader: MediaLoader | None,
+    template: ChatTemplate,
+    placeholders: Mapping[str, str],
+    fields: Mapping[str, Any],
+) -> TextPrompt:
     load = loader if loader is not None else DefaultLoader()
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-        raise PromptTypeError("$", f"messages must be a list of message objects, got {type_name(messages)}")
+        raise PromptTypeError(_ROOT, f"must be a list of message objects, got {type_name(messages)}")
     conversation: list[dict[str, str]] = []
     data: dict[str, list[object]] = {}
     uuids: dict[str, list[str | None]] = {}
     for m, message in enumerate(messages):
-        where = f"$[{m}]"
+        where = f"{_ROOT}[{m}]"
         if not isinstance(message, Mapping):
             raise PromptTypeError(where, f"must be a message object, got {type_name(message)}")
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise InvalidPromptError(f"{where}.role", f"must be a non-empty str, got {role!r}")
+        for name in _VLLM_ONLY_FIELDS:
+            if message.get(name) is not None:
+                raise InvalidPromptError(
+                    f"{where}.{name}",
+                    "the stand-in chat template cannot carry it; pass renderer= (vLLM) to render it",
+                )
         content = message.get("content")
         if content is None or isinstance(content, str):
             conversation.append({"role": role, "content": content or ""})
@@ -158,17 +230,24 @@ def chat_to_prompt(
             raise PromptTypeError(
                 f"{where}.content", f"must be a str or a list of parts, got {type_name(content)}"
             )
-        pieces: list[str] = []
+        texts: list[str] = []
+        marks: list[str] = []
         for p, part in enumerate(content):
             at = f"{where}.content[{p}]"
+            if isinstance(part, str):
+                texts.append(part)
+                continue
             if not isinstance(part, Mapping):
                 raise PromptTypeError(at, f"must be a content part object, got {type_name(part)}")
             part_type = _part_type(part, at)
-            if part_type == "text":
-                text = part.get("text")
+            if part_type in _TEXT_PARTS:
+                key = _TEXT_PARTS[part_type]
+                text = part.get(key)
+                if text is None:  # vLLM skips a text part without text
+                    continue
                 if not isinstance(text, str):
-                    raise PromptTypeError(f"{at}.text", f"must be a str, got {type_name(text)}")
-                pieces.append(text)
+                    raise PromptTypeError(f"{at}.{key}", f"must be a str, got {type_name(text)}")
+                texts.append(text)
                 continue
             modality, key = _MEDIA_PARTS[part_type]
             uuid = part.get("uuid")
@@ -180,8 +259,10 @@ def chat_to_prompt(
             item = None if url is None else _load(load, modality, url, f"{at}.{key}")
             data.setdefault(modality, []).append(item)
             uuids.setdefault(modality, []).append(uuid)
-            pieces.append(placeholders.get(modality, f"<{modality}>"))
-        conversation.append({"role": role, "content": "\n".join(pieces)})
+            marks.append(placeholders.get(modality, f"<{modality}>"))
+        # vLLM's default (interleave_mm_strings off): placeholders first, then the text.
+        text = "\n".join(texts)
+        conversation.append({"role": role, "content": "\n".join([*marks, text] if text else marks)})
     given = any(uuid is not None for row in uuids.values() for uuid in row)
     return TextPrompt(
         prompt=template(conversation),

@@ -79,7 +79,8 @@ def test_data_urls_of_each_modality_load_into_items_in_order() -> None:
     ]
     prompt = chat_to_prompt(messages)
     assert prompt.prompt == (
-        "<|system|>\nBe brief.\n<|user|>\nCompare\n<image>\n<video>\n<audio>\n<image>\n<|assistant|>\n"
+        # vLLM's order: the message's placeholders first, then its text.
+        "<|system|>\nBe brief.\n<|user|>\n<image>\n<video>\n<audio>\n<image>\nCompare\n<|assistant|>\n"
     )
     images = prompt.multi_modal_data["image"]
     assert [np.asarray(image).tolist() for image in images] == [
@@ -114,7 +115,8 @@ def test_local_files_load_under_the_allowed_folder_only(media_dir: Path, tmp_pat
     outside.write_bytes(png_bytes(1))
     part = {"type": "image_url", "image_url": {"url": outside.as_uri()}}
     with pytest.raises(
-        MediaLoadError, match=r"^\$\[0\]\.content\[0\]\.image_url: .*not under allowed_local_media_path"
+        MediaLoadError,
+        match=r"^\$\.messages\[0\]\.content\[0\]\.image_url: .*not under allowed_local_media_path",
     ):
         chat_to_prompt(_user(part), loader=loader)
     sneaky = {
@@ -130,7 +132,7 @@ def test_local_files_load_under_the_allowed_folder_only(media_dir: Path, tmp_pat
 @pytest.mark.parametrize("url", ["http://example.com/cat.png", "HTTPS://example.com/a.wav"])
 def test_remote_urls_are_out_of_scope_and_say_so(url: str) -> None:
     with pytest.raises(
-        RemoteMediaError, match=r"^\$\[0\]\.content\[0\]\.image_url: remote URL .* out of scope"
+        RemoteMediaError, match=r"^\$\.messages\[0\]\.content\[0\]\.image_url: remote URL .* out of scope"
     ):
         chat_to_prompt(_user({"type": "image_url", "image_url": {"url": url}}))
 
@@ -207,17 +209,17 @@ def test_a_custom_loader_can_take_over_any_url() -> None:
 def test_bad_parts_raise_with_the_path_of_the_part(
     part: dict[str, Any], error: type[Exception], message: str
 ) -> None:
-    with pytest.raises(error, match=r"^\$\[0\]\.content\[0\]" + ".*" + message):
+    with pytest.raises(error, match=r"^\$\.messages\[0\]\.content\[0\]" + ".*" + message):
         chat_to_prompt(_user(part))
 
 
 def test_bad_messages_raise_with_their_path() -> None:
-    with pytest.raises(PromptTypeError, match=r"^\$: messages must be a list"):
+    with pytest.raises(PromptTypeError, match=r"^\$\.messages: must be a list"):
         chat_to_prompt({"role": "user"})  # type: ignore[arg-type]
-    with pytest.raises(InvalidPromptError, match=r"^\$\[1\]\.role: must be a non-empty str"):
+    with pytest.raises(InvalidPromptError, match=r"^\$\.messages\[1\]\.role: must be a non-empty str"):
         chat_to_prompt([{"role": "user", "content": "a"}, {"content": "b"}])
     with pytest.raises(
-        PromptTypeError, match=r"^\$\[0\]\.content: must be a str or a list of parts, got int"
+        PromptTypeError, match=r"^\$\.messages\[0\]\.content: must be a str or a list of parts, got int"
     ):
         chat_to_prompt([{"role": "user", "content": 3}])
 
@@ -347,7 +349,7 @@ def test_a_decompression_bomb_is_refused_before_decoding(use_vllm: bool | None) 
     assert len(bomb) < 100_000
     loader = DefaultLoader(use_vllm=use_vllm)
     with pytest.raises(
-        MediaLoadError, match=r"^\$\[0\]\.content\[0\]\.image_url: the image (has|is too large)"
+        MediaLoadError, match=r"^\$\.messages\[0\]\.content\[0\]\.image_url: the image (has|is too large)"
     ):
         chat_to_prompt(
             _user({"type": "image_url", "image_url": {"url": data_url("image/png", bomb)}}), loader=loader
@@ -414,3 +416,48 @@ def test_the_fallback_decodes_images_to_vllms_pixels() -> None:
             ours = DefaultLoader(use_vllm=False)("image", data_url("image/png", data))
             theirs = vllm_media.ImageMediaIO().load_bytes(data)
             assert np.asarray(ours).tobytes() == np.asarray(theirs.media).tobytes()
+
+
+# -- the stand-in's parts, and what it leaves to vLLM -------------------------------------
+
+
+def test_the_stand_in_reads_text_like_parts_as_vllm_does_and_puts_placeholders_first() -> None:
+    prompt = chat_to_prompt(
+        _user(
+            {"type": "input_text", "text": "one"},
+            {"type": "input_image", "image_url": data_url("image/png", png_bytes(1))},
+            {"type": "refusal", "refusal": "two"},
+            {"type": "thinking", "thinking": "three"},
+            {"type": "text", "text": None},  # vLLM skips a part without content
+            "four",
+        )
+    )
+    assert prompt.prompt == "<|user|>\n<image>\none\ntwo\nthree\nfour\n<|assistant|>\n"
+    assert np.asarray(prompt.multi_modal_data["image"][0]).tolist() == image_array(1).tolist()
+
+
+@pytest.mark.parametrize(
+    ("message", "path"),
+    [
+        (
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            "tool_calls",
+        ),
+        ({"role": "tool", "tool_call_id": "c", "content": "42"}, "tool_call_id"),
+        ({"role": "user", "name": "ada", "content": "hi"}, "name"),
+    ],
+)
+def test_the_stand_in_refuses_what_its_flat_turns_would_drop(message: dict[str, Any], path: str) -> None:
+    with pytest.raises(InvalidPromptError, match=rf"^\$\.messages\[1\]\.{path}: .*pass renderer="):
+        chat_to_prompt([{"role": "system", "content": "s"}, message])
+
+
+def test_stand_in_options_with_a_renderer_and_a_non_renderer_are_refused() -> None:
+    with pytest.raises(InvalidPromptError, match=r"^\$\.template: is for the stand-in"):
+        chat_to_prompt(_user({"type": "text", "text": "a"}), renderer=object(), template=lambda turns: "")
+    with pytest.raises(PromptTypeError, match=r"^\$\.renderer: must be a vLLM renderer"):
+        chat_to_prompt(_user({"type": "text", "text": "a"}), renderer=object())

@@ -1,0 +1,261 @@
+"""The chat path through vLLM's own chat code: parse, template and tokenize as vLLM does.
+
+:func:`chat_with_vllm` does what vLLM's ``LLM.chat`` does before the engine
+(``vllm.entrypoints.common.offline``'s ``_preprocess_chat``): the same ``ChatParams``,
+``renderer.render_messages`` (vLLM's parser, media connector and chat template), and
+the renderer's tokenizer with ``add_special_tokens=False``. It stops where vLLM hands the
+prompt to ``process_for_engine`` and turns that prompt into a record instead, so
+``to_vllm(record)`` fed to the same renderer gives vLLM's own token ids, placeholders and
+``mm_hashes``, and scoping the record gives ``stage0:rep{R}:<vLLM's own chat key>``.
+
+vLLM is imported only when this runs (the adapter stays importable without it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError, TokensPrompt
+from omni_requests._errors import type_name
+
+from ._loaders import MediaLoadError
+
+__all__ = ["chat_with_vllm"]
+
+_ROOT: Final = "$.messages"
+
+# Content part type -> the modality vLLM files its item under (parse order = item order).
+_PART_MODALITY: Final = {
+    "image_url": "image",
+    "input_image": "image",
+    "image_pil": "image",
+    "image_embeds": "image",
+    "audio_url": "audio",
+    "input_audio": "audio",
+    "audio_embeds": "audio",
+    "video_url": "video",
+    "video_embeds": "video",
+}
+_ITEM_PATH: Final = re.compile(r"^\$\.multi_modal_(?:data|uuids)\.(\w+)\[(\d+)\](.*)$")
+
+
+def _copied(value: object) -> object:
+    """The JSON-like structure of ``value`` copied (dicts and lists), leaves shared.
+
+    vLLM writes into the messages it is given (an assistant's tool-call ``arguments``
+    are parsed in place); the caller's messages must not change.
+    """
+    if isinstance(value, Mapping):
+        return {key: _copied(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    return value
+
+
+def _checked_messages(messages: object) -> list[dict[str, Any]]:
+    """The messages copied, after the checks whose failure vLLM reports without a place."""
+    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
+        raise PromptTypeError(_ROOT, f"must be a list of message objects, got {type_name(messages)}")
+    out: list[dict[str, Any]] = []
+    for m, message in enumerate(messages):
+        where = f"{_ROOT}[{m}]"
+        if not isinstance(message, Mapping):
+            raise PromptTypeError(where, f"must be a message object, got {type_name(message)}")
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise InvalidPromptError(f"{where}.role", f"must be a non-empty str, got {role!r}")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise PromptTypeError(
+                f"{where}.content", f"must be a str, a list of parts or null, got {type_name(content)}"
+            )
+        for p, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, (Mapping, str)):
+                raise PromptTypeError(
+                    f"{where}.content[{p}]", f"must be a content part object or a str, got {type_name(part)}"
+                )
+            if isinstance(part, Mapping) and part.get("type") == "prompt_embeds":
+                raise InvalidPromptError(
+                    f"{where}.content[{p}]",
+                    "prompt_embeds parts are not supported: records carry media, not prompt embeddings",
+                )
+        copied = _copied(message)
+        assert isinstance(copied, dict)
+        out.append(copied)
+    return out
+
+
+def _chat_params(
+    renderer: Any,
+    *,
+    chat_template: str | None,
+    chat_template_content_format: str,
+    chat_template_kwargs: Mapping[str, Any] | None,
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+    tools: Sequence[Mapping[str, Any]] | None,
+    media_io_kwargs: Mapping[str, Mapping[str, Any]] | None,
+    mm_processor_kwargs: Mapping[str, Any] | None,
+) -> Any:
+    """vLLM's ``ChatParams`` exactly as ``LLM.chat`` builds them (plus ``media_io_kwargs``)."""
+    from vllm.renderers import ChatParams, merge_kwargs
+    from vllm.utils.mistral import is_mistral_tokenizer
+
+    return ChatParams(
+        chat_template=chat_template,
+        chat_template_content_format=chat_template_content_format,  # type: ignore[arg-type]
+        chat_template_kwargs=merge_kwargs(
+            None if chat_template_kwargs is None else dict(chat_template_kwargs),
+            dict(
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tools=None if tools is None else [dict(tool) for tool in tools],
+                tokenize=(
+                    is_mistral_tokenizer(renderer.tokenizer)
+                    or bool(renderer.model_config.enable_prompt_embeds)
+                ),
+            ),
+        ),
+        media_io_kwargs=None
+        if media_io_kwargs is None
+        else {modality: dict(options) for modality, options in media_io_kwargs.items()},
+        mm_processor_kwargs=None if mm_processor_kwargs is None else dict(mm_processor_kwargs),
+    )
+
+
+def _refusal(where: str, error: BaseException) -> OmniRequestsError:
+    text = f"vLLM refuses it: {type(error).__name__}: {error}"
+    if isinstance(error, OmniRequestsError):
+        return error.under(where)
+    if isinstance(error, TypeError):
+        return PromptTypeError(where, text)
+    if isinstance(error, (OSError, ImportError)) or "media" in str(error).lower():
+        return MediaLoadError(where, text)
+    return InvalidPromptError(where, text)
+
+
+def _locate(renderer: Any, messages: list[dict[str, Any]], params: Any) -> str:
+    """Where vLLM's parser first fails: ``$.messages[m].content[p]``, else the message, else ``$.messages``.
+
+    Re-parses growing prefixes of the conversation with vLLM's own ``parse_chat_messages``
+    (only after a failure), so cross-part refusals (too many items, raw media mixed with
+    embeddings) are pinned on the part that crossed the line.
+    """
+    from vllm.renderers.chat_utils import parse_chat_messages
+    from vllm.renderers.hf import resolve_chat_template_content_format
+
+    try:
+        content_format = resolve_chat_template_content_format(
+            chat_template=params.chat_template,
+            tools=params.chat_template_kwargs.get("tools"),
+            given_format=params.chat_template_content_format,
+            tokenizer=renderer.get_tokenizer(),
+            model_config=renderer.model_config,
+        )
+    except Exception:  # noqa: BLE001 - then the template itself is the problem
+        return _ROOT
+
+    def fails(prefix: list[dict[str, Any]]) -> bool:
+        try:
+            parse_chat_messages(
+                _copied(prefix),  # type: ignore[arg-type]
+                renderer.model_config,
+                content_format,
+                media_io_kwargs=params.media_io_kwargs,
+                mm_processor_kwargs=params.mm_processor_kwargs,
+            )
+        except Exception:  # noqa: BLE001 - any refusal counts
+            return True
+        return False
+
+    for m, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            for p in range(len(content)):
+                if fails([*messages[:m], {**message, "content": content[: p + 1]}]):
+                    return f"{_ROOT}[{m}].content[{p}]"
+        if fails(messages[: m + 1]):
+            return f"{_ROOT}[{m}].tool_calls" if message.get("tool_calls") else f"{_ROOT}[{m}]"
+    return _ROOT
+
+
+def _part_paths(messages: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per modality, the path of the part behind each item, in vLLM's item order."""
+    paths: dict[str, list[str]] = {}
+    for m, message in enumerate(messages):
+        content = message.get("content")
+        for p, part in enumerate(content if isinstance(content, list) else ()):
+            if not isinstance(part, Mapping):
+                continue
+            kind = part.get("type")
+            if kind is None or part.get("uuid") is not None:
+                kind = next((name for name in _PART_MODALITY if name in part), kind)
+            modality = _PART_MODALITY.get(kind) if isinstance(kind, str) else None
+            if modality is not None:
+                paths.setdefault(modality, []).append(f"{_ROOT}[{m}].content[{p}]")
+    return paths
+
+
+def chat_with_vllm(
+    messages: Sequence[Mapping[str, Any]],
+    renderer: Any,
+    *,
+    chat_template: str | None = None,
+    chat_template_content_format: str = "auto",
+    chat_template_kwargs: Mapping[str, Any] | None = None,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    tokenization_kwargs: Mapping[str, Any] | None = None,
+    media_io_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+    mm_processor_kwargs: Mapping[str, Any] | None = None,
+    **fields: Any,
+) -> TokensPrompt:
+    """The record vLLM's own chat path builds for ``messages`` (see :func:`chat_to_prompt`)."""
+    from omni_requests_vllm import from_vllm
+
+    if not callable(getattr(renderer, "render_messages", None)):
+        raise PromptTypeError(
+            "$.renderer", f"must be a vLLM renderer (with render_messages), got {type_name(renderer)}"
+        )
+    checked = _checked_messages(messages)
+    params = _chat_params(
+        renderer,
+        chat_template=chat_template,
+        chat_template_content_format=chat_template_content_format,
+        chat_template_kwargs=chat_template_kwargs,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        tools=tools,
+        media_io_kwargs=media_io_kwargs,
+        mm_processor_kwargs=mm_processor_kwargs,
+    )
+    try:
+        _, prompt = renderer.render_messages(_copied(checked), params)
+        tok_params = renderer.default_chat_tok_params.with_kwargs(
+            **{"add_special_tokens": False, **dict(tokenization_kwargs or {})}
+        )
+        (tokens,) = renderer.tokenize_prompts([prompt], tok_params)
+    except Exception as error:  # vLLM refuses with many kinds; each is named below
+        raise _refusal(_locate(renderer, checked, params), error) from error
+    if "prompt_token_ids" not in tokens or "_prompt_embeds" in tokens:
+        raise InvalidPromptError(
+            _ROOT, "vLLM rendered this chat to prompt embeddings, which records do not carry"
+        )
+    # What render_chat and LLM.chat add before the engine sees the prompt.
+    record: dict[str, Any] = {**tokens, "media_io_kwargs": params.media_io_kwargs or {}}
+    if mm_processor_kwargs is not None:
+        record["mm_processor_kwargs"] = dict(mm_processor_kwargs)
+    record.update(fields)
+    try:
+        built = from_vllm(record)
+    except OmniRequestsError as error:
+        found = _ITEM_PATH.match(error.path)
+        paths = _part_paths(checked).get(found.group(1), []) if found else []
+        if found and int(found.group(2)) < len(paths):
+            raise type(error)(paths[int(found.group(2))] + found.group(3), error.message) from None
+        raise
+    assert isinstance(built, TokensPrompt)
+    return built
