@@ -142,15 +142,7 @@ class KeyPolicy:
         ``binding`` is the item's fingerprint, needed for user UUIDs when the policy
         binds them to their content.
         """
-        if origin is KeyOrigin.CONTENT:
-            return self.content_part + base
-        if not self.bind_content:
-            return self.user_part + base
-        if binding is None:
-            raise InvalidPromptError(
-                "binding", "this policy binds user UUIDs to their content, but the key has no fingerprint"
-            )
-        return f"{self.user_part}bound:{binding}:{base}"
+        return KeyText("", self).render(base, origin, binding)
 
 
 _DEFAULT_POLICY: Final = KeyPolicy()
@@ -181,6 +173,59 @@ class Scope:
         return (type(self), (self.stage_id, self.replica_id, self.hasher, self.policy))
 
 
+class KeyText:
+    """How keys are written under one prefix and policy: the one place a key's text is made.
+
+    ``user`` goes before a user UUID and ``content`` before a content hash; a policy that
+    binds UUIDs writes ``{user}bound:{fingerprint}:{uuid}``. :meth:`MediaKey.render`,
+    :meth:`KeyPolicy.render_base` and :func:`~omni_requests.rendered_uuids` all write
+    keys through this class (one per scope, see :func:`key_text`).
+    """
+
+    __slots__ = ("binds", "content", "user")
+
+    def __init__(self, prefix: str, policy: KeyPolicy) -> None:
+        self.user = prefix + policy.user_part
+        self.content = prefix + policy.content_part
+        self.binds = policy.bind_content
+
+    def user_key(self, uuid: str, binding: str | None) -> str:
+        """A user UUID's key; ``binding`` is its item's fingerprint when :attr:`binds`."""
+        if not self.binds:
+            return self.user + uuid
+        if binding is None:
+            raise InvalidPromptError(
+                "binding", "this policy binds user UUIDs to their content, but the key has no fingerprint"
+            )
+        return f"{self.user}bound:{binding}:{uuid}"
+
+    def content_key(self, digest: str) -> str:
+        """A content hash's key."""
+        return self.content + digest
+
+    def render(self, base: str, origin: KeyOrigin, binding: str | None = None) -> str:
+        """The key of a base of this origin."""
+        return self.content + base if origin is KeyOrigin.CONTENT else self.user_key(base, binding)
+
+
+# KeyText per scope, by identity (the entry holds its scope, so the id stays its own).
+# Bounded: a deployment has a handful of stages, replicas and policies.
+_TEXTS: dict[int, tuple[Scope, KeyText]] = {}
+_MAX_TEXTS: Final = 4096
+
+
+def key_text(scope: Scope) -> KeyText:
+    """The :class:`KeyText` of ``scope``'s prefix and policy, built once per scope."""
+    entry = _TEXTS.get(id(scope))
+    if entry is not None and entry[0] is scope:
+        return entry[1]
+    text = KeyText(scope.prefix, scope.policy)
+    if len(_TEXTS) >= _MAX_TEXTS:
+        _TEXTS.clear()
+    _TEXTS[id(scope)] = (scope, text)
+    return text
+
+
 @attrs.frozen
 class MediaKey:
     """A media item's cache key: its base, where the base came from, and its scope.
@@ -203,7 +248,7 @@ class MediaKey:
         scope = self.scope
         if scope is None:
             return self.base
-        return scope.prefix + scope.policy.render_base(self.base, self.origin, self.binding)
+        return key_text(scope).render(self.base, self.origin, self.binding)
 
     def __str__(self) -> str:
         return self.render()

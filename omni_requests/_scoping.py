@@ -14,7 +14,7 @@ from pyrsistent import PMap, PVector, pmap, pvector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import MediaHasher
-from ._keys import _DEFAULT_POLICY, MAX_INDEX, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index
+from ._keys import _DEFAULT_POLICY, MAX_INDEX, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index, key_text
 from ._media import plain_map
 from ._records import _EMPTY, SINGLE_KINDS, EncoderDecoderPrompt, SinglePrompt, field_copier, replace_fields
 
@@ -27,9 +27,6 @@ _P = TypeVar("_P", bound="SinglePrompt | EncoderDecoderPrompt")
 # deployment has a handful of stages and replicas, so this only guards against misuse.
 _SCOPES: dict[tuple[int, int, int, int], Scope] = {}
 _MAX_SCOPES: Final = 4096
-# What a scope puts before user UUIDs and content hashes (prefix plus policy parts), and
-# whether it binds UUIDs, by scope identity; the entry holds its scope, so the id stays its own.
-_RENDERINGS: dict[int, tuple[Scope, str, str, bool]] = {}
 # Memo entries per template: one per scope it is rendered in (stages x replicas x policies).
 _MAX_MEMO: Final = 64
 _WITH_SCOPE: Final[dict[type[Any], Callable[..., Any]]] = {
@@ -52,17 +49,6 @@ def _new_scope(stage_id: int, replica_id: int, hasher: MediaHasher, policy: KeyP
         _SCOPES.clear()
     _SCOPES[(stage_id, replica_id, id(hasher), id(policy))] = scope
     return scope
-
-
-def _new_rendering(scope: Scope) -> tuple[Scope, str, str, bool]:
-    """(scope, text before a user UUID, text before a content hash, binds UUIDs), kept by scope."""
-    policy = scope.policy
-    prefix = scope.prefix
-    entry = (scope, prefix + policy.user_part, prefix + policy.content_part, policy.bind_content)
-    if len(_RENDERINGS) >= _MAX_SCOPES:
-        _RENDERINGS.clear()
-    _RENDERINGS[id(scope)] = entry
-    return entry
 
 
 def scope_to_replica(
@@ -185,26 +171,37 @@ def _check_bindable(prompt: SinglePrompt) -> None:
                 )
 
 
-def _keys(prompt: SinglePrompt, hasher: MediaHasher | None) -> dict[str, list[MediaKey | None]]:
-    if not isinstance(prompt, SINGLE_KINDS):
-        raise PromptTypeError("prompt", f"must be a single prompt record, got {type_name(prompt)}")
-    scope = prompt.scope
-    if hasher is None and scope is not None:
-        hasher = scope.hasher
-    bind = scope is not None and scope.policy.bind_content
+_K = TypeVar("_K")
+
+
+def _derive(
+    prompt: SinglePrompt,
+    hasher: MediaHasher | None,
+    bind: bool,
+    user: Callable[[str, str | None], _K],
+    content: Callable[[str], _K],
+) -> tuple[dict[str, list[_K | None]], bool]:
+    """How every key is derived, the one walk :func:`media_keys` and :func:`rendered_uuids` share.
+
+    An item with a user UUID gets ``user(uuid, fingerprint)`` (the fingerprint only when
+    ``bind``), one without gets ``content(hasher's content key)``, a cached-only item
+    without a UUID None; UUIDs of a modality with no data (cached-only items, as vLLM
+    allows) are user keys too. Returns the keys per modality, in the record's order, and
+    whether they came from UUIDs alone (then they depend on no item's bytes).
+    """
     if bind:
         _check_bindable(prompt)
-    keys: dict[str, list[MediaKey | None]] = {}
+    keys: dict[str, list[_K | None]] = {}
+    by_uuid_alone = not bind
     for modality, items, given in prompt._view:
-        if items is None:  # UUIDs of items not sent this time (cached only), as vLLM allows
-            keys[modality] = [None if u is None else MediaKey(u, KeyOrigin.USER, scope) for u in given or ()]
+        if items is None:  # cached-only items (binding refused them above)
+            keys[modality] = [None if u is None else user(u, None) for u in given]  # type: ignore[union-attr]
             continue
-        row: list[MediaKey | None] = []
+        row: list[_K | None] = []
         for i, item in enumerate(items):
             uuid = None if given is None else given[i]
             if uuid is not None:
-                binding = hasher.fingerprint(modality, item) if bind and hasher is not None else None
-                row.append(MediaKey(uuid, KeyOrigin.USER, scope, binding))
+                row.append(user(uuid, hasher.fingerprint(modality, item) if bind else None))  # type: ignore[union-attr]
             elif item is None:
                 row.append(None)
             elif hasher is None:
@@ -212,9 +209,11 @@ def _keys(prompt: SinglePrompt, hasher: MediaHasher | None) -> dict[str, list[Me
                     "hasher", "an unscoped prompt needs a MediaHasher to derive content keys"
                 )
             else:
-                row.append(MediaKey(hasher.content_key(modality, item), KeyOrigin.CONTENT, scope))
+                # Derived from the item each time: only then is a changed item seen.
+                by_uuid_alone = False
+                row.append(content(hasher._content_key(modality, item)))
         keys[modality] = row
-    return keys
+    return keys, by_uuid_alone
 
 
 def media_keys(
@@ -226,7 +225,21 @@ def media_keys(
     one for items without a user UUID. ``None`` stands for an item that is ``None``
     (cached only) without a UUID.
     """
-    return pmap({m: pvector(row) for m, row in _keys(prompt, hasher).items()})
+    if not isinstance(prompt, SINGLE_KINDS):
+        raise PromptTypeError("prompt", f"must be a single prompt record, got {type_name(prompt)}")
+    scope = prompt.scope
+    if hasher is None and scope is not None:
+        hasher = scope.hasher
+
+    def user(uuid: str, binding: str | None) -> MediaKey:
+        return MediaKey(uuid, KeyOrigin.USER, scope, binding)
+
+    def content(digest: str) -> MediaKey:
+        return MediaKey(digest, KeyOrigin.CONTENT, scope)
+
+    bind = scope is not None and scope.policy.bind_content
+    keys, _ = _derive(prompt, hasher, bind, user, content)
+    return pmap({m: pvector(row) for m, row in keys.items()})
 
 
 def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
@@ -245,47 +258,10 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
         known = prompt._memo.get(id(scope))
         if known is not None and known[0] is scope:
             return {m: list(keys) for m, keys in known[1]}
-    view = prompt._view
-    if not view:
+    if not prompt._view:
         return None
-    # MediaKey.render() for every item, as strings, without building the key objects.
-    rendering = _RENDERINGS.get(id(scope))
-    if rendering is None or rendering[0] is not scope:
-        rendering = _new_rendering(scope)
-    _, user, content, bind = rendering
-    hasher = scope.hasher
-    content_key = hasher._content_key
-    if bind:
-        _check_bindable(prompt)
-    rendered: dict[str, list[str | None]] = {}
-    by_uuid_alone = not bind
-    for modality, items, given in view:
-        if given is None:
-            by_uuid_alone = False
-            rendered[modality] = [
-                None if item is None else content + content_key(modality, item)
-                for item in items  # type: ignore[union-attr]  # rows without items have UUIDs
-            ]
-        elif items is None:  # cached-only items (binding refused them above)
-            rendered[modality] = [None if u is None else user + u for u in given]
-        elif bind:
-            rendered[modality] = [
-                f"{user}bound:{hasher.fingerprint(modality, item)}:{uuid}"
-                if uuid is not None
-                else content + content_key(modality, item)
-                for uuid, item in zip(given, items, strict=True)
-            ]
-        elif None not in given:  # every item keyed by its UUID: the common case, kept lean
-            rendered[modality] = [user + uuid for uuid in given]  # type: ignore[operator]
-        else:
-            # A content key is derived again each time: only then is a changed item seen.
-            by_uuid_alone = False
-            rendered[modality] = [
-                user + uuid
-                if uuid is not None
-                else (None if item is None else content + content_key(modality, item))
-                for uuid, item in zip(given, items, strict=True)
-            ]
+    text = key_text(scope)
+    rendered, by_uuid_alone = _derive(prompt, scope.hasher, text.binds, text.user_key, text.content_key)
     if by_uuid_alone:
         memo = prompt._memo
         if len(memo) >= _MAX_MEMO:
