@@ -15,7 +15,7 @@ from importlib import import_module
 
 from ._harness import Row, table
 
-SUITES = ("hashing", "construction", "reuse", "overhead", "memory", "binding", "wire")
+SUITES = ("hashing", "construction", "reuse", "overhead", "memory", "binding", "wire", "frontend", "affinity")
 
 
 def main(argv: list[str] | None = None) -> int:

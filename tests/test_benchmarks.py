@@ -32,7 +32,17 @@ def test_quick_run_reports_every_suite(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     rows = report["rows"] if isinstance(report, dict) else report
     suites = {row["suite"] for row in rows}
-    assert suites == {"hashing", "construction", "reuse", "overhead", "memory", "binding", "wire"}
+    assert suites == {
+        "hashing",
+        "construction",
+        "reuse",
+        "overhead",
+        "memory",
+        "binding",
+        "wire",
+        "frontend",
+        "affinity",
+    }
     assert all(row["value"] for row in rows)
 
 
