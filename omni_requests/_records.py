@@ -54,8 +54,8 @@ if TYPE_CHECKING:
     from PIL.Image import Image
 
 MediaPart: TypeAlias = (
-    "str | bytes | int | float | np.generic | NDArray[np.generic] | Image | torch.Tensor | None"
-    " | tuple[MediaPart, ...] | Sequence[MediaPart] | Mapping[str, MediaPart]"
+    "str | bytes | int | float | np.generic | NDArray[np.generic] | Image | torch.Tensor"
+    " | tuple[MediaPart, ...] | Sequence[MediaPart] | Mapping[str, MediaPart] | None"
 )
 """A value inside a media item: an audio's sampling rate, a video's metadata, an entry of
 a dict of embeddings."""

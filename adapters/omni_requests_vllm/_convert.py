@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar, overload
 
 import attrs
 import numpy as np
@@ -163,6 +163,29 @@ def _thawed(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
     return out
 
 
+# To a type checker the record's kind follows the input's type, as the rule below reads
+# vLLM's own TypedDicts. (A TypedDict of more keys, such as one of another prompt's, gets
+# the kind the rule picks at run time; annotate such input as Mapping[str, object].)
+# Anything else gives the union. The last overload is generic on purpose: mypy infers
+# Any for an argument holding Any (vLLM's TypedDicts do) that two overloads of different
+# formal types match; a type variable's formal is the argument's own type, so it is not.
+_Input = TypeVar("_Input")
+
+
+@overload
+def from_vllm(prompt: str) -> TextPrompt: ...
+@overload
+def from_vllm(prompt: list[int]) -> TokensPrompt: ...
+@overload
+def from_vllm(prompt: _VllmTextPrompt) -> TextPrompt: ...
+@overload
+def from_vllm(prompt: _VllmTokensPrompt) -> TokensPrompt: ...
+@overload
+def from_vllm(prompt: _VllmEmbedsPrompt) -> EmbedsPrompt: ...
+@overload
+def from_vllm(prompt: _VllmEncoderDecoderPrompt) -> EncoderDecoderPrompt: ...
+@overload
+def from_vllm(prompt: _Input) -> Prompt: ...
 def from_vllm(prompt: object) -> Prompt:
     """The record for a vLLM prompt (a str, a list of token ids, or a prompt dict).
 
