@@ -14,7 +14,7 @@ import numpy as np
 
 from . import __version__
 from ._errors import OmniRequestsError
-from ._hashing import MediaHasher
+from ._hashing import ALGORITHMS, MediaHasher
 
 __all__ = ["main"]
 
@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
         "of the decoded image in multi_modal_data; for a .npy array, [array]. FILE - reads stdin.",
     )
     key.add_argument("--model", required=True, help="the model string exactly as the engine was given it")
-    key.add_argument("--algorithm", default="blake3", choices=("blake3", "sha256", "sha512"))
+    key.add_argument("--algorithm", default="blake3", choices=ALGORITHMS)
     key.add_argument("--modality", choices=_MODALITIES, help="default: from the file")
     key.add_argument("files", nargs="+", metavar="FILE")
     key.set_defaults(run=_key)

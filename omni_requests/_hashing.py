@@ -21,7 +21,7 @@ import threading
 import uuid
 import weakref
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 import attrs
 import numpy as np
@@ -36,7 +36,8 @@ from ._media_bytes import feed_media_with_bytes, is_media_with_bytes
 __all__ = ["HashAlgorithm", "MediaHasher"]
 
 HashAlgorithm = Literal["blake3", "sha256", "sha512"]
-_ALGORITHMS: Final = ("blake3", "sha256", "sha512")
+ALGORITHMS: Final[tuple[str, ...]] = get_args(HashAlgorithm)
+"""The digests a :class:`MediaHasher` computes, as vLLM's ``MultiModalHasher`` names them."""
 
 _TAG_NONE: Final = b"\x00"
 _TAG_SEQUENCE: Final = b"\x01"
@@ -50,7 +51,9 @@ _PARALLEL_BYTES: Final = 8 << 20
 # Non-contiguous arrays are streamed in C order in blocks of about this size.
 _BLOCK_BYTES: Final = 16 << 20
 # EXIF tag 0x800D, "ImageID" (PIL.ExifTags.Base.ImageID): vLLM keys an image by this UUID when set.
-_EXIF_IMAGE_ID: Final = 0x800D
+EXIF_IMAGE_ID: Final = 0x800D
+# EXIF tag 0x0112, "Orientation": vLLM's parser turns the image upright by it.
+EXIF_ORIENTATION: Final = 0x0112
 
 # A fingerprint reads buffers up to this size whole, larger ones as evenly spaced samples.
 _SAMPLES: Final = 16
@@ -214,7 +217,6 @@ def _pil_image(update: _Update, image: Any) -> None:
             raise RuntimeError(f"packed {fed} bytes of {image.mode} pixels, expected {nbytes}")
 
 
-_EXIF_ORIENTATION: Final = 0x0112
 
 
 def _as_vllm_parses_image(image: Any) -> Any:
@@ -227,7 +229,7 @@ def _as_vllm_parses_image(image: Any) -> Any:
 
     try:
         exif = image.getexif()
-        transpose = exif.get(_EXIF_ORIENTATION, 1) != 1 or _EXIF_IMAGE_ID in exif
+        transpose = exif.get(EXIF_ORIENTATION, 1) != 1 or EXIF_IMAGE_ID in exif
     except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
         transpose = False
     if transpose:
@@ -245,7 +247,7 @@ def _parse_inputs(image: Any) -> tuple[object, object]:
     """The EXIF orientation and the transparency entry: what vLLM's image parser reads
     besides the pixels, mode and palette (see :func:`_as_vllm_parses_image`)."""
     try:
-        orientation = image.getexif().get(_EXIF_ORIENTATION)
+        orientation = image.getexif().get(EXIF_ORIENTATION)
     except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
         orientation = None
     transparency = image.info.get("transparency")
@@ -257,7 +259,7 @@ def _parse_inputs(image: Any) -> tuple[object, object]:
 
 def _exif_image_id(image: Any) -> bytes | None:
     try:
-        image_id = image.getexif().get(_EXIF_IMAGE_ID)
+        image_id = image.getexif().get(EXIF_IMAGE_ID)
     except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
         return None
     return image_id.bytes if isinstance(image_id, uuid.UUID) else None
@@ -419,9 +421,9 @@ def _check_model_id(_: object, attribute: attrs.Attribute[str], value: object) -
 def _check_algorithm(_: object, attribute: attrs.Attribute[str], value: object) -> None:
     if not isinstance(value, str):  # before `in`: an array's == is elementwise
         raise PromptTypeError(f"$.{attribute.name}", f"must be a str, got {type_name(value)}")
-    if value not in _ALGORITHMS:
+    if value not in ALGORITHMS:
         raise InvalidPromptError(
-            f"$.{attribute.name}", f"must be one of {', '.join(_ALGORITHMS)}, got {value!r}"
+            f"$.{attribute.name}", f"must be one of {', '.join(ALGORITHMS)}, got {value!r}"
         )
 
 

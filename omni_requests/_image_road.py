@@ -36,6 +36,8 @@ from typing import Any, Final, NamedTuple
 
 import numpy as np
 
+from ._media import IMAGE_MODES
+
 __all__ = ["ENABLED", "HANDOVER_POINTS", "Pixels", "pixels"]
 
 Update = Callable[[Any], object]
@@ -56,13 +58,9 @@ _SLOTS: Final = 3
 # thread is busy in Python, and each further release of the GIL could cost a switch
 # interval (5 ms), so the rest of the image is fed in one piece (see _fed, _rgb_overlapped).
 _GIL_WAIT: Final = 0.002
-# Image modes whose packed pixels are known to be what ``np.asarray(image)`` holds (tested).
-_STREAMED_MODES: Final = frozenset(
-    {
-        "1", "CMYK", "F", "HSV", "I", "I;16", "I;16B", "I;16L", "I;16N", "L", "LA", "La",
-        "LAB", "P", "PA", "RGB", "RGBA", "RGBa", "RGBX", "YCbCr",
-    }
-)  # fmt: skip
+# Image modes whose packed pixels are known to be what ``np.asarray(image)`` holds (tested):
+# every mode records handle.
+_STREAMED_MODES: Final = frozenset(IMAGE_MODES)
 
 HANDOVER_POINTS: Final = (
     "job handed to a kept helper",  # in the helper's inbox, the helper still listed idle

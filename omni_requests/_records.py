@@ -23,6 +23,7 @@ from ._hashing import _exif_image_id
 from ._keys import Scope, looks_scoped, reserved_prefix
 from ._media import (
     FrozenDict,
+    MediaKind,
     check_text,
     freeze_media,
     freeze_option,
@@ -30,6 +31,7 @@ from ._media import (
     is_frozen_map,
     is_pil_image,
     is_torch_tensor,
+    media_kind,
     plain_map,
     thaw,
 )
@@ -383,42 +385,40 @@ def values_equal(a: Any, b: Any) -> bool:
     """Deep equality that treats arrays, tensors and images as values."""
     if a is b:
         return True
-    if isinstance(a, np.ndarray):
-        return (
-            isinstance(b, np.ndarray)
-            and a.dtype == b.dtype
-            and a.shape == b.shape
-            and a.tobytes() == b.tobytes()
-        )
-    if is_torch_tensor(a):
+    kind = media_kind(a)
+    if kind is not media_kind(b):
+        return False
+    if kind is MediaKind.ARRAY:
+        return bool(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
+    if kind is MediaKind.TENSOR:
         import torch
 
         # By bytes, like arrays and like the hasher: NaN equals itself, -0.0 differs from 0.0.
         return (
-            is_torch_tensor(b)
-            and a.dtype == b.dtype
+            a.dtype == b.dtype
             and a.shape == b.shape
             and bool(torch.equal(_tensor_bytes(a), _tensor_bytes(b)))
         )
-    if is_pil_image(a):
+    if kind is MediaKind.IMAGE:
         return (
-            is_pil_image(b)
-            and (a.mode, a.size, a.tobytes()) == (b.mode, b.size, b.tobytes())
+            (a.mode, a.size, a.tobytes()) == (b.mode, b.size, b.tobytes())
             and values_equal(_palette(a), _palette(b))
             # vLLM keys an image with an EXIF ImageID by that UUID: equal records, equal keys.
             and _exif_image_id(a) == _exif_image_id(b)
         )
-    if isinstance(a, (tuple, PVector, list)):
+    if kind is MediaKind.SEQUENCE:
         return (
             type(a) is type(b)
             and len(a) == len(b)
             and all(values_equal(x, y) for x, y in zip(a, b, strict=True))
         )
-    if isinstance(a, FrozenDict):
-        # Ordered, as vLLM hashes it: the same entries in another order make another key.
-        return isinstance(b, FrozenDict) and list(a) == list(b) and all(values_equal(a[k], b[k]) for k in a)
-    if isinstance(a, Mapping):
-        return isinstance(b, Mapping) and a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+    if kind is MediaKind.MAPPING:
+        if isinstance(a, FrozenDict):
+            # Ordered, as vLLM hashes it: the same entries in another order make another key.
+            return (
+                isinstance(b, FrozenDict) and list(a) == list(b) and all(values_equal(a[k], b[k]) for k in a)
+            )
+        return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
     if isinstance(a, float):
         return type(b) is float and np.array(a).tobytes() == np.array(b).tobytes()
     return type(a) is type(b) and bool(a == b)
@@ -440,17 +440,18 @@ _media_eq = attrs.cmp_using(eq=values_equal)
 
 def _summary(value: object) -> str:
     """A short description of a media value, so records print in a line, not megabytes."""
-    if isinstance(value, np.ndarray) or is_torch_tensor(value):
+    kind = media_kind(value)
+    if kind is MediaKind.ARRAY or kind is MediaKind.TENSOR:
         shape = "x".join(str(n) for n in value.shape)  # type: ignore[attr-defined]
         return f"{type(value).__name__}({value.dtype}, {shape or 'scalar'})"  # type: ignore[attr-defined]
-    if is_pil_image(value):
+    if kind is MediaKind.IMAGE:
         return f"Image({value.mode}, {value.size[0]}x{value.size[1]})"  # type: ignore[attr-defined]
-    if isinstance(value, (PVector, list)):
-        return "[" + ", ".join(_summary(v) for v in value) + "]"
-    if isinstance(value, tuple):
-        return "(" + ", ".join(_summary(v) for v in value) + ("," if len(value) == 1 else "") + ")"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k!r}: {_summary(v)}" for k, v in value.items()) + "}"
+    if kind is MediaKind.SEQUENCE:
+        if isinstance(value, tuple):
+            return "(" + ", ".join(_summary(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+        return "[" + ", ".join(_summary(v) for v in value) + "]"  # type: ignore[attr-defined]
+    if kind is MediaKind.MAPPING:
+        return "{" + ", ".join(f"{k!r}: {_summary(v)}" for k, v in value.items()) + "}"  # type: ignore[attr-defined]
     return repr(value)
 
 

@@ -34,15 +34,6 @@ _WITH_SCOPE: Final[dict[type[Any], Callable[..., Any]]] = {
 }
 
 
-def _scope(stage_id: int, replica_id: int, hasher: MediaHasher, policy: KeyPolicy) -> Scope:
-    # Kept by identity (hashing a MediaHasher costs more than the lookup); the scope holds
-    # its hasher and policy, so a hit whose objects are these very ones is the right scope.
-    scope = _SCOPES.get((stage_id, replica_id, id(hasher), id(policy)))
-    if scope is None or scope.hasher is not hasher or scope.policy is not policy:
-        scope = _new_scope(stage_id, replica_id, hasher, policy)
-    return scope
-
-
 def _new_scope(stage_id: int, replica_id: int, hasher: MediaHasher, policy: KeyPolicy) -> Scope:
     scope = Scope(stage_id, replica_id, hasher, policy)
     if len(_SCOPES) >= _MAX_SCOPES:
@@ -94,7 +85,9 @@ def scope_to_replica(
         raise PromptTypeError("policy", f"must be a KeyPolicy or None, got {type_name(policy)}")
     with_scope = _WITH_SCOPE.get(type(prompt))
     if with_scope is None:
-        return _scope_other(prompt, replica_id, hasher, stage_id, policy)
+        if not isinstance(prompt, SINGLE_KINDS):  # an encoder-decoder pair, or no record
+            return _scope_pair(prompt, replica_id, hasher, stage_id, policy)
+        with_scope = field_copier(type(prompt), ("scope",))  # a subclass of a record kind
     single: SinglePrompt = prompt  # type: ignore[assignment]  # its type is one of SINGLE_KINDS
     # Records hold the one empty map whenever a map is empty (frozen_map), so identity
     # answers what len() would, without a call into pyrsistent's Python code.
@@ -107,7 +100,7 @@ def scope_to_replica(
         _check_policy_kept(current.policy, policy)
     if policy.bind_content:
         _check_bindable(single)
-    scope = _SCOPES.get((stage_id, replica_id, id(hasher), id(policy)))  # _scope(), inlined
+    scope = _SCOPES.get((stage_id, replica_id, id(hasher), id(policy)))
     if scope is None or scope.hasher is not hasher or scope.policy is not policy:
         scope = _new_scope(stage_id, replica_id, hasher, policy)
     if current is scope or (current is not None and current == scope):
@@ -126,37 +119,22 @@ def _check_policy_kept(current: KeyPolicy, policy: KeyPolicy) -> None:
         )
 
 
-def _scope_other(
+def _scope_pair(
     prompt: _P, replica_id: int, hasher: MediaHasher, stage_id: int, policy: KeyPolicy | None
 ) -> _P:
-    """scope_to_replica for what is not a plain single prompt: encoder-decoder pairs, subclasses."""
-    if isinstance(prompt, EncoderDecoderPrompt):
-        encoder = scope_to_replica(
-            prompt.encoder_prompt, replica_id, hasher=hasher, stage_id=stage_id, policy=policy
-        )
-        decoder = prompt.decoder_prompt
-        if decoder is not None:
-            decoder = scope_to_replica(decoder, replica_id, hasher=hasher, stage_id=stage_id, policy=policy)
-        if encoder is prompt.encoder_prompt and decoder is prompt.decoder_prompt:
-            return prompt
-        scoped: _P = replace_fields(prompt, encoder_prompt=encoder, decoder_prompt=decoder)
-        return scoped
-    if not isinstance(prompt, SINGLE_KINDS):
+    """scope_to_replica for an encoder-decoder pair: both prompts, in the same scope."""
+    if not isinstance(prompt, EncoderDecoderPrompt):
         raise PromptTypeError("prompt", f"must be a prompt record, got {type_name(prompt)}")
-    if not prompt.multi_modal_data and not prompt.multi_modal_uuids:
+    encoder = scope_to_replica(
+        prompt.encoder_prompt, replica_id, hasher=hasher, stage_id=stage_id, policy=policy
+    )
+    decoder = prompt.decoder_prompt
+    if decoder is not None:
+        decoder = scope_to_replica(decoder, replica_id, hasher=hasher, stage_id=stage_id, policy=policy)
+    if encoder is prompt.encoder_prompt and decoder is prompt.decoder_prompt:
         return prompt
-    current = prompt.scope
-    if policy is None:
-        policy = _DEFAULT_POLICY if current is None else current.policy
-    elif current is not None and current.policy is not policy:
-        _check_policy_kept(current.policy, policy)
-    if policy.bind_content:
-        _check_bindable(prompt)
-    scope = _scope(stage_id, replica_id, hasher, policy)
-    if prompt.scope == scope:
-        return prompt
-    result: _P = replace_fields(prompt, scope=scope)
-    return result
+    scoped: _P = replace_fields(prompt, encoder_prompt=encoder, decoder_prompt=decoder)
+    return scoped
 
 
 def _check_bindable(prompt: SinglePrompt) -> None:

@@ -40,8 +40,9 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 from pyrsistent import PVector
 
-from ._hashing import MediaHasher, _as_vllm_parses_image
-from ._media import is_pil_image, is_torch_tensor
+from ._hashing import ALGORITHMS, EXIF_IMAGE_ID, MediaHasher, _as_vllm_parses_image
+from ._media import IMAGE_MODES as _MODES
+from ._media import PALETTE_MODES, is_pil_image, is_torch_tensor
 from ._records import EmbedsPrompt, EncoderDecoderPrompt, Prompt, SinglePrompt, TextPrompt, TokensPrompt
 
 if TYPE_CHECKING:
@@ -75,28 +76,7 @@ __all__ = [
 
 _T = TypeVar("_T")
 
-IMAGE_MODES: Final = (
-    "RGB",
-    "L",
-    "RGBA",
-    "P",
-    "PA",
-    "1",
-    "LA",
-    "La",
-    "RGBX",
-    "RGBa",
-    "CMYK",
-    "YCbCr",
-    "LAB",
-    "HSV",
-    "I",
-    "F",
-    "I;16",
-    "I;16L",
-    "I;16B",
-    "I;16N",
-)
+IMAGE_MODES: Final = _MODES
 """Every Pillow mode :func:`images` can make; the first ones are what examples shrink to."""
 
 ARRAY_DTYPES: Final = (
@@ -136,10 +116,9 @@ TENSOR_DTYPES: Final = (
 """The torch dtypes :func:`tensors` draws from by default."""
 
 MODALITIES: Final = ("image", "video", "audio")
-HASH_ALGORITHMS: Final = ("blake3", "sha256", "sha512")
+HASH_ALGORITHMS: Final = ALGORITHMS
 PROMPT_KINDS: Final = ("text", "tokens", "embeds", "encoder_decoder")
 
-_EXIF_IMAGE_ID: Final = 0x800D  # PIL.ExifTags.Base.ImageID; vLLM keys an image by it
 _SAMPLE_RATES: Final = (16000, 8000, 22050, 44100, 48000)
 
 
@@ -163,7 +142,7 @@ def _array_values(
 _LAYOUTS: Final = st.sampled_from(("C", "F", "strided", "reversed", "swapped"))
 _TENSOR_LAYOUTS: Final = st.sampled_from(("C", "transposed", "strided"))
 _EXIF_FORMS: Final = st.sampled_from((None, "uuid", "str"))
-_PALETTE_MODES: Final = st.sampled_from(("RGB", "RGBA"))
+_PALETTE_MODES: Final = st.sampled_from(PALETTE_MODES)
 _UINT128: Final = st.integers(0, 2**128 - 1)
 _SAMPLES: Final = st.floats(-1.0, 1.0, width=32)
 
@@ -297,7 +276,7 @@ def _draw_images(
         tag = draw(_EXIF_FORMS)
         if tag is not None:
             image_id = uuid.UUID(int=draw(_UINT128))
-            image.getexif()[_EXIF_IMAGE_ID] = image_id if tag == "uuid" else str(image_id)
+            image.getexif()[EXIF_IMAGE_ID] = image_id if tag == "uuid" else str(image_id)
     return image
 
 
@@ -909,7 +888,7 @@ def _content(value: object) -> object:
         return ("ndarray", value.dtype.str, value.shape, data)
     if is_pil_image(value):
         image: Any = value
-        image_id = image.getexif().get(_EXIF_IMAGE_ID)
+        image_id = image.getexif().get(EXIF_IMAGE_ID)
         if isinstance(image_id, uuid.UUID):
             return image_id.bytes
         pixels = np.asarray(image)

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from pyrsistent import PMap, PVector, pvector
 
 from ._errors import type_name
+from ._hashing import EXIF_IMAGE_ID
 from ._keys import looks_scoped
 from ._media import is_pil_image, is_torch_tensor
 from ._records import SINGLE_KINDS, SinglePrompt, _summary, values_equal
@@ -62,7 +63,6 @@ PROPERTIES: Final[Mapping[str, str]] = MappingProxyType(
 
 _PREFIX: Final = re.compile(r"stage(\d+):rep(\d+):")
 _HEX: Final = re.compile(r"[0-9a-f]{32,}")
-_EXIF_IMAGE_ID: Final = 0x800D
 
 
 class ScopingPropertyError(AssertionError):
@@ -198,8 +198,8 @@ def _copy_media(value: object) -> Any:
         image: Any = value
         copy = image.copy()
         exif = image.getexif()
-        if _EXIF_IMAGE_ID in exif:  # Image.copy() drops EXIF set in memory; vLLM keys on it
-            copy.getexif()[_EXIF_IMAGE_ID] = exif[_EXIF_IMAGE_ID]
+        if EXIF_IMAGE_ID in exif:  # Image.copy() drops EXIF set in memory; vLLM keys on it
+            copy.getexif()[EXIF_IMAGE_ID] = exif[EXIF_IMAGE_ID]
         return copy
     if is_torch_tensor(value):
         return value.clone()  # type: ignore[attr-defined]
@@ -329,7 +329,7 @@ def _snapshot(value: object) -> Any:
     if is_pil_image(value):
         image: Any = value
         palette = image.palette
-        exif = image.getexif().get(_EXIF_IMAGE_ID)
+        exif = image.getexif().get(EXIF_IMAGE_ID)
         colors = None if palette is None else (bytes(palette.palette), palette.rawmode)
         return ("image", image.mode, image.size, image.tobytes(), colors, repr(exif))
     if is_torch_tensor(value):

@@ -58,7 +58,12 @@ from . import (
     TokensPrompt,
     __version__,
 )
-from ._media import plain_map  # the caller's modality order: a PMap iterates in its own
+from ._hashing import EXIF_IMAGE_ID, EXIF_ORIENTATION
+from ._media import (  # the caller's modality order: a PMap iterates in its own
+    IMAGE_MODES,
+    PALETTE_MODES,
+    plain_map,
+)
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -127,36 +132,11 @@ _TORCH_DTYPES: Final = frozenset(
         "int64",
     }
 )
-_IMAGE_MODES: Final = frozenset(
-    {
-        "1",
-        "CMYK",
-        "F",
-        "HSV",
-        "I",
-        "I;16",
-        "I;16B",
-        "I;16L",
-        "I;16N",
-        "L",
-        "LA",
-        "La",
-        "LAB",
-        "P",
-        "PA",
-        "RGB",
-        "RGBA",
-        "RGBa",
-        "RGBX",
-        "YCbCr",
-    }
-)
+_IMAGE_MODES: Final = frozenset(IMAGE_MODES)
 _MAX_SIDE: Final = 1 << 24
 _PALETTE_RAWMODES: Final = frozenset(
     {"RGB", "RGBA", "RGBX", "RGB;L", "RGBA;L", "BGR;15", "BGR;16", "BGR;24", "L"}
 )
-_EXIF_IMAGE_ID: Final = 0x800D  # vLLM keys an image by this UUID when set
-_EXIF_ORIENTATION: Final = 0x0112  # vLLM's parser turns the image upright by it
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
 _HEADER: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
@@ -358,7 +338,7 @@ def _image_tree(image: Any, path: str) -> list[Any]:
         extras["transparency"] = _value_tree(image.info["transparency"], f"{path}.info.transparency")
     try:
         exif = image.getexif()
-        image_id, orientation = exif.get(_EXIF_IMAGE_ID), exif.get(_EXIF_ORIENTATION)
+        image_id, orientation = exif.get(EXIF_IMAGE_ID), exif.get(EXIF_ORIENTATION)
     except Exception:  # noqa: BLE001 - malformed EXIF: vLLM and our hasher ignore it too
         image_id = orientation = None
     if isinstance(image_id, uuid.UUID):
@@ -535,7 +515,7 @@ class _Reader:
     def palette(self, image: Any, colors: object, path: str) -> None:
         from PIL import ImagePalette
 
-        modes = ("RGB", "RGBA")
+        modes = PALETTE_MODES
         if not (
             type(colors) is list
             and len(colors) == 4
@@ -606,16 +586,16 @@ class _Reader:
             if image_uuid is not None:
                 if type(image_uuid) is not bytes or len(image_uuid) != 16:
                     raise WireError(path, "malformed EXIF ImageID")
-                exif[_EXIF_IMAGE_ID] = uuid.UUID(bytes=image_uuid)
+                exif[EXIF_IMAGE_ID] = uuid.UUID(bytes=image_uuid)
             elif image_id is not None:
                 if type(image_id) not in (str, bytes):
                     raise WireError(path, "malformed EXIF ImageID")
-                exif[_EXIF_IMAGE_ID] = image_id
+                exif[EXIF_IMAGE_ID] = image_id
             orientation = extras.get("orientation")
             if orientation is not None:
                 if type(orientation) is not int:
                     raise WireError(path, "malformed EXIF Orientation")
-                exif[_EXIF_ORIENTATION] = orientation
+                exif[EXIF_ORIENTATION] = orientation
         return image
 
 

@@ -103,7 +103,8 @@ class Adversary(RuleBasedStateMachine):
     @rule(target=arrays, record=records)
     def take_record_arrays(self, record: TextPrompt) -> np.ndarray[Any, Any]:
         item = record.multi_modal_data["video"][0]
-        return item.base if isinstance(item.base, np.ndarray) else item
+        # The array under the record's item, seen in the item's shape (still 4-D video).
+        return item.base.reshape(item.shape) if isinstance(item.base, np.ndarray) else item
 
     @rule(target=arrays, record=records)
     def take_engine_arrays(self, record: TextPrompt) -> np.ndarray[Any, Any]:
