@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError, TokensPrompt
-from omni_requests._adapter_api import type_name
+from omni_requests._errors import type_name
 
 from ._loaders import MediaLoadError
 
@@ -125,14 +125,18 @@ def _chat_params(
     )
 
 
-def _refusal(where: str, error: BaseException) -> OmniRequestsError:
+def _refusal(where: str, part: object, error: BaseException) -> OmniRequestsError:
+    """vLLM's refusal of the part (or message) at ``where`` as our error, its message kept."""
+    from vllm.exceptions import VLLMValidationError
+
     text = f"vLLM refuses it: {type(error).__name__}: {error}"
     if isinstance(error, OmniRequestsError):
         return error.under(where)
     if isinstance(error, TypeError):
         return PromptTypeError(where, text)
-    if isinstance(error, (OSError, ImportError)) or "media" in str(error).lower():
-        return MediaLoadError(where, text)
+    kind = part.get("type") if isinstance(part, Mapping) else None
+    if kind in _PART_MODALITY and not isinstance(error, VLLMValidationError):
+        return MediaLoadError(where, text)  # the media could not be fetched or decoded
     return InvalidPromptError(where, text)
 
 
@@ -179,6 +183,15 @@ def _locate(renderer: Any, messages: list[dict[str, Any]], params: Any) -> str:
         if fails(messages[: m + 1]):
             return f"{_ROOT}[{m}].tool_calls" if message.get("tool_calls") else f"{_ROOT}[{m}]"
     return _ROOT
+
+
+def _at(messages: list[dict[str, Any]], where: str) -> object:
+    """The part at ``$.messages[m].content[p]`` (None for other paths)."""
+    found = re.fullmatch(r"\$\.messages\[(\d+)\]\.content\[(\d+)\]", where)
+    if found is None:
+        return None
+    content = messages[int(found.group(1))].get("content")
+    return content[int(found.group(2))] if isinstance(content, list) else None
 
 
 def _part_paths(messages: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -239,7 +252,8 @@ def chat_with_vllm(
         )
         (tokens,) = renderer.tokenize_prompts([prompt], tok_params)
     except Exception as error:  # vLLM refuses with many kinds; each is named below
-        raise _refusal(_locate(renderer, checked, params), error) from error
+        where = _locate(renderer, checked, params)
+        raise _refusal(where, _at(checked, where), error) from error
     if "prompt_token_ids" not in tokens or "_prompt_embeds" in tokens:
         raise InvalidPromptError(
             _ROOT, "vLLM rendered this chat to prompt embeddings, which records do not carry"
