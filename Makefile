@@ -70,7 +70,7 @@ $(OMNI_VENV)/.ready: pyproject.toml requirements/omni-engine.txt tests/omni_engi
 	touch $@
 
 test-omni-engine: $(OMNI_VENV)/.ready
-	$(OMNI_BIN)/python -m pytest -m omni_engine tests/omni_engine
+	OMNI_REQUESTS_REQUIRE_OMNI=1 $(OMNI_BIN)/python -m pytest -m omni_engine tests/omni_engine
 
 bench: $(VENV)/.full
 	$(BIN)/python -m benchmarks

@@ -1,11 +1,13 @@
 """vllm-omni's own engine, live: one 2-replica stage 0 on the CPU, shared by the tests.
 
 These tests need ``.venv-omni`` (``make .venv-omni/.ready``: vllm-omni 0.30 over the CPU
-build of vLLM 0.30, plus ``tests/omni_engine/support``). Elsewhere they skip, saying so.
+build of vLLM 0.30, plus ``tests/omni_engine/support``). Elsewhere they skip, saying so;
+``OMNI_REQUESTS_REQUIRE_OMNI=1`` (set by the Makefile) turns a missing vllm-omni into an error.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +24,9 @@ OMNI_MISSING = (
     "vllm-omni is not installed here: `make test` builds .venv-omni "
     "(requirements/omni-engine.txt) and runs these tests there"
 )
+if os.environ.get("OMNI_REQUESTS_REQUIRE_OMNI") and importlib.util.find_spec("vllm_omni") is None:
+    # `make test-omni-engine` sets it: a broken .venv-omni must fail, not skip.
+    raise RuntimeError("OMNI_REQUESTS_REQUIRE_OMNI is set but vllm-omni is not installed here")
 DEPLOY = Path(__file__).with_name("deploy.yaml")
 MAX_TOKENS = 4
 
