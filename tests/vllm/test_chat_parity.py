@@ -383,3 +383,16 @@ def test_a_template_refusal_names_the_messages(renderer: Any) -> None:
     messages = [{"role": "system", "content": "a"}]
     with pytest.raises(InvalidPromptError, match=r"^\$\.messages: vLLM refuses it: .*no system"):
         chat_to_prompt(messages, renderer=renderer, chat_template=strict)
+
+
+def test_a_malformed_tool_call_names_the_tool_calls(renderer: Any) -> None:
+    messages = [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": None, "tool_calls": ["not an object"]},
+    ]
+    with pytest.raises(Exception):  # noqa: B017
+        vllm_chat(renderer, copy.deepcopy(messages), chat_template=TEMPLATE)
+    with pytest.raises(
+        InvalidPromptError, match=r"^\$\.messages\[1\]\.tool_calls: vLLM refuses it: .*objects"
+    ):
+        chat_to_prompt(messages, renderer=renderer, chat_template=TEMPLATE)
