@@ -91,8 +91,18 @@ def uuids_as_a_string_or_a_list(uuids: Mapping[str, str | Sequence[str | None]])
     return TextPrompt(prompt="<image>", multi_modal_uuids=uuids)
 
 
+def pil_images() -> TextPrompt:
+    from PIL import Image
+
+    picture = Image.new("RGB", (4, 4))
+    return TextPrompt(
+        prompt="<image><video>", multi_modal_data={"image": picture, "video": [picture, picture]}
+    )
+
+
 def embeddings(embeds: torch.Tensor) -> EmbedsPrompt:
     record = EmbedsPrompt(prompt_embeds=embeds, negative_prompt_embeds=[embeds])
+    TextPrompt(prompt="<image>", multi_modal_data={"image": embeds})  # tensors are media items too
     negative = TokensPrompt(prompt_token_ids=[1], negative_prompt_embeds=embeds)
     assert_type(negative.prompt_token_ids, PVector[int])
     return record
