@@ -217,8 +217,6 @@ def _pil_image(update: _Update, image: Any) -> None:
             raise RuntimeError(f"packed {fed} bytes of {image.mode} pixels, expected {nbytes}")
 
 
-
-
 def _as_vllm_parses_image(image: Any) -> Any:
     """``convert_image_mode(normalize_image(image), "RGB")`` of vLLM's image parser.
 
