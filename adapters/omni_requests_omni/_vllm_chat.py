@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError, TokensPrompt
-from omni_requests._errors import type_name
+from omni_requests._adapter_api import type_name
 
 from ._loaders import MediaLoadError
 
