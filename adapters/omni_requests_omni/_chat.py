@@ -277,6 +277,6 @@ def _load(load: MediaLoader, modality: str, url: str, path: str) -> object:
     try:
         return load(modality, url)
     except OmniRequestsError as error:
-        raise type(error)(path + error.path[1:], error.message) from None
+        raise error.under(path) from None
     except (ValueError, OSError) as error:
         raise MediaLoadError(path, f"{type(error).__name__}: {error}") from None
