@@ -22,7 +22,7 @@ from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError
 from omni_requests._adapter_api import type_name
 
 from ._loaders import DefaultLoader, MediaLoader, MediaLoadError
-from ._vllm_chat import chat_with_vllm
+from ._vllm_chat import chat_with_vllm, checked_roles
 
 __all__ = ["DEFAULT_PLACEHOLDERS", "ChatTemplate", "chat_to_prompt", "default_chat_template"]
 
@@ -49,7 +49,6 @@ _TEXT_PARTS: Final = {
 }
 # Message fields the stand-in's flat template cannot carry; vLLM's path gives them to the template.
 _VLLM_ONLY_FIELDS: Final = ("tool_calls", "tool_call_id", "name")
-_ROOT: Final = "$.messages"
 
 
 def default_chat_template(conversation: list[dict[str, str]]) -> str:
@@ -204,18 +203,10 @@ def _stand_in(
     fields: Mapping[str, Any],
 ) -> TextPrompt:
     load = loader if loader is not None else DefaultLoader()
-    if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-        raise PromptTypeError(_ROOT, f"must be a list of message objects, got {type_name(messages)}")
     conversation: list[dict[str, str]] = []
     data: dict[str, list[object]] = {}
     uuids: dict[str, list[str | None]] = {}
-    for m, message in enumerate(messages):
-        where = f"{_ROOT}[{m}]"
-        if not isinstance(message, Mapping):
-            raise PromptTypeError(where, f"must be a message object, got {type_name(message)}")
-        role = message.get("role")
-        if not isinstance(role, str) or not role:
-            raise InvalidPromptError(f"{where}.role", f"must be a non-empty str, got {role!r}")
+    for where, message, role in checked_roles(messages):
         for name in _VLLM_ONLY_FIELDS:
             if message.get(name) is not None:
                 raise InvalidPromptError(

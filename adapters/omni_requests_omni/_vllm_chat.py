@@ -14,7 +14,7 @@ vLLM is imported only when this runs (the adapter stays importable without it).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError, TokensPrompt
@@ -54,11 +54,11 @@ def _copied(value: object) -> object:
     return value
 
 
-def _checked_messages(messages: object) -> list[dict[str, Any]]:
-    """The messages copied, after the checks whose failure vLLM reports without a place."""
+def checked_roles(messages: object) -> Iterator[tuple[str, Mapping[str, Any], str]]:
+    """Each message with its path and role, after the checks both chat paths make first:
+    a list of message objects, each with a non-empty str role."""
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
         raise PromptTypeError(_ROOT, f"must be a list of message objects, got {type_name(messages)}")
-    out: list[dict[str, Any]] = []
     for m, message in enumerate(messages):
         where = f"{_ROOT}[{m}]"
         if not isinstance(message, Mapping):
@@ -66,6 +66,13 @@ def _checked_messages(messages: object) -> list[dict[str, Any]]:
         role = message.get("role")
         if not isinstance(role, str) or not role:
             raise InvalidPromptError(f"{where}.role", f"must be a non-empty str, got {role!r}")
+        yield where, message, role
+
+
+def _checked_messages(messages: object) -> list[dict[str, Any]]:
+    """The messages copied, after the checks whose failure vLLM reports without a place."""
+    out: list[dict[str, Any]] = []
+    for where, message, _ in checked_roles(messages):
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise PromptTypeError(
