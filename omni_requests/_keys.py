@@ -47,11 +47,15 @@ def check_index(path: str, value: object) -> int:
     if not 0 <= value <= MAX_INDEX:
         shown = value if value.bit_length() <= 64 else f"an int of {value.bit_length()} bits"
         raise InvalidPromptError(path, f"must be between 0 and 2**63 - 1, got {shown}")
-    return value
+    return int.__int__(value)  # an int subclass renders its own way: keep the plain value
 
 
-def _index(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    check_index(f"$.{attribute.name}", value)
+def _stage_index(value: object) -> int:
+    return check_index("$.stage_id", value)
+
+
+def _replica_index(value: object) -> int:
+    return check_index("$.replica_id", value)
 
 
 def _hasher(_: object, attribute: attrs.Attribute[MediaHasher], value: object) -> None:
@@ -64,17 +68,19 @@ def _flag(_: object, attribute: attrs.Attribute[bool], value: object) -> None:
         raise PromptTypeError(f"$.{attribute.name}", f"must be a bool, got {type_name(value)}")
 
 
-def _tenant(_: object, attribute: attrs.Attribute[str | None], value: object) -> None:
+def _tenant(value: object) -> str | None:
     if value is None:
-        return
+        return None
     if not isinstance(value, str):
-        raise PromptTypeError(f"$.{attribute.name}", f"must be a str or None, got {type_name(value)}")
+        raise PromptTypeError("$.tenant", f"must be a str or None, got {type_name(value)}")
+    value = str.__str__(value)  # a subclass could render itself as another tenant
     if _TENANT.fullmatch(value) is None:
         raise InvalidPromptError(
-            f"$.{attribute.name}",
+            "$.tenant",
             f"{value!r} is not a tenant name: use 1 to 128 of A-Z a-z 0-9 . _ ~ - "
             "(hash or slug other identifiers first)",
         )
+    return value
 
 
 class KeyOrigin(enum.Enum):
@@ -107,7 +113,7 @@ class KeyPolicy:
 
     namespaces: bool = attrs.field(default=False, validator=_flag)
     """Render user UUIDs under ``user:``, so none can equal a content hash (bare hex)."""
-    tenant: str | None = attrs.field(default=None, validator=_tenant)
+    tenant: str | None = attrs.field(default=None, converter=_tenant)
     """Render user UUIDs under ``tenant:{tenant}:``, so tenants never share a UUID's key."""
     tenant_content: bool = attrs.field(default=False, validator=_flag)
     """Put content keys under the tenant too: no cross-tenant cache hits, at the cost of
@@ -149,7 +155,7 @@ _DEFAULT_POLICY: Final = KeyPolicy()
 
 
 def _policy(_: object, attribute: attrs.Attribute[KeyPolicy], value: object) -> None:
-    if not isinstance(value, KeyPolicy):
+    if type(value) is not KeyPolicy:  # a subclass could redefine ==, which keeps policies
         raise PromptTypeError(f"$.{attribute.name}", f"must be a KeyPolicy, got {type_name(value)}")
 
 
@@ -158,8 +164,8 @@ class Scope:
     """Where a prompt is routed: a stage, one of its replicas, the hasher for content keys,
     and the :class:`KeyPolicy` keys render with (the default renders as vllm-omni does)."""
 
-    stage_id: int = attrs.field(validator=_index)
-    replica_id: int = attrs.field(validator=_index)
+    stage_id: int = attrs.field(converter=_stage_index)
+    replica_id: int = attrs.field(converter=_replica_index)
     hasher: MediaHasher = attrs.field(validator=_hasher)
     policy: KeyPolicy = attrs.field(default=_DEFAULT_POLICY, validator=_policy)
 

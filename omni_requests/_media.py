@@ -130,6 +130,7 @@ def media_kind(value: object) -> MediaKind:
 
 
 _SCALARS = (str, bytes, bool, int, float)
+_PVECTOR: Final[type[Any]] = type(pvector())  # records' own vectors; a registered look-alike is not one
 # Media and options deeper than this are refused: no real media nests this deep, and
 # walking deeper (here, in vLLM's hasher, in pickling) would run out of stack.
 MAX_DEPTH: Final = 32
@@ -220,15 +221,20 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
     """
     if value is None:
         return None
-    if isinstance(value, np.generic):
-        if value.dtype.hasobject:
-            raise PromptTypeError(path, "numpy object scalars cannot be hashed")
-        return value
-    if isinstance(value, _SCALARS):
+    if isinstance(value, _SCALARS):  # before numpy scalars: np.float64 and np.str_ are these too
         return _exact_scalar(value, path)
+    if isinstance(value, np.generic):
+        if value.dtype.hasobject or value.dtype.itemsize == 0:
+            raise PromptTypeError(path, f"numpy scalars of dtype {value.dtype} cannot be hashed")
+        if isinstance(value, np.void):  # a view into the caller's structured array: own a copy
+            frozen_void: Any = immutable_array(np.array(value))[()]
+            return frozen_void
+        return value
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise PromptTypeError(path, "numpy arrays of dtype object cannot be hashed; use a numeric dtype")
+        if value.dtype.itemsize == 0:
+            raise PromptTypeError(path, f"arrays of dtype {value.dtype} hold no bytes to key")
         return immutable_array(value)
     if is_torch_tensor(value):
         _check_hashable_tensor(value, path)
@@ -255,10 +261,21 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
 
 
 def _check_hashable_tensor(tensor: Any, path: str) -> None:
-    # vLLM hashes a bfloat16 tensor through a byte view of tensor.contiguous(). A tensor of
+    # vLLM hashes a tensor through tensor.detach().cpu().numpy(): a tensor numpy cannot
+    # view (conjugate or negative bit set, sparse, nested, quantized, meta, a dtype numpy
+    # lacks) has no key in vLLM either. Refuse it here, with our error, not torch's.
+    if str(tensor.dtype) != "torch.bfloat16":
+        try:
+            tensor.detach().cpu().numpy()  # a view for a CPU tensor: no copy
+        except (RuntimeError, TypeError, NotImplementedError, ValueError) as error:
+            raise PromptTypeError(
+                path, f"vLLM's hasher cannot read this tensor ({type(error).__name__}: {error})"
+            ) from None
+        return
+    # A bfloat16 tensor is hashed through a byte view of tensor.contiguous(). A tensor of
     # one element counts as contiguous whatever its stride, keeps that stride, and the
-    # view fails: vLLM has no key for it, so refuse it here, with our error, not torch's.
-    if tensor.numel() != 1 or str(tensor.dtype) != "torch.bfloat16":
+    # view fails.
+    if tensor.numel() != 1:
         return
     try:
         tensor.detach().cpu().contiguous().view((1,)).view(_torch_uint8())
@@ -282,7 +299,7 @@ def freeze_option(value: object, path: str, depth: int = 0) -> object:
     memoryview cannot be pickled. Other objects are kept as given.
     """
     if isinstance(value, np.ndarray):
-        return value if value.dtype.hasobject else immutable_array(value)
+        return value if value.dtype.hasobject or value.dtype.itemsize == 0 else immutable_array(value)
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, (tuple, list, PVector, Mapping)) and depth >= MAX_DEPTH:
@@ -298,8 +315,9 @@ def freeze_option(value: object, path: str, depth: int = 0) -> object:
 
 def _freeze_sequence(value: Any, path: str, freeze: Any, depth: int) -> PVector[Any]:
     frozen = [freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
-    if isinstance(value, PVector) and all(a is b for a, b in zip(frozen, value, strict=True)):
-        return value
+    if type(value) is _PVECTOR and all(a is b for a, b in zip(frozen, value, strict=True)):
+        kept: PVector[Any] = value
+        return kept
     return pvector(frozen)
 
 
@@ -310,7 +328,7 @@ def _freeze_mapping(value: Mapping[Any, Any], path: str, freeze: Any, depth: int
             raise PromptTypeError(f"{path}", f"mapping keys must be str, got {type_name(key)} {key!r}")
         name = check_text(path, str.__str__(key))
         frozen[name] = freeze(item, f"{path}.{name}", depth + 1)
-    if isinstance(value, FrozenDict) and all(frozen[k] is value[k] for k in frozen):
+    if type(value) is FrozenDict and all(frozen[k] is value[k] for k in frozen):
         return value
     return FrozenDict(frozen)
 
@@ -397,8 +415,9 @@ def immutable_token(value: object, leaves: list[object]) -> object | None:
         leaves.append(value)
         return ("ndarray", id(value))
     if isinstance(value, np.generic):
-        return ("generic", pickle.dumps(value))
-    if kind is tuple or isinstance(value, PVector):
+        # numpy's own scalar types only: a subclass could pickle as another value.
+        return ("generic", pickle.dumps(value)) if kind.__module__ == "numpy" else None
+    if kind is tuple or kind is _PVECTOR:
         parts = []
         for item in value:  # type: ignore[attr-defined]
             token = immutable_token(item, leaves)

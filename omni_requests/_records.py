@@ -19,7 +19,7 @@ import numpy as np
 from pyrsistent import PMap, PVector, pvector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
-from ._hashing import _exif_image_id
+from ._hashing import MediaHasher, _exif_image_id
 from ._keys import Scope, looks_scoped, reserved_prefix
 from ._media import (
     FrozenDict,
@@ -126,11 +126,12 @@ def _split_items(modality: str, data: Any) -> list[object]:
 def _check_modality(path: str, modality: object) -> str:
     if not isinstance(modality, str):
         raise PromptTypeError(path, f"modality names must be str, got {type_name(modality)}")
+    modality = str.__str__(modality)  # a subclass's == or len could lie
     if not modality:
         raise InvalidPromptError(path, "modality names must not be empty")
     if modality == "model_id":  # vLLM hashes hash_kwargs(model_id=..., <modality>=item)
         raise InvalidPromptError(path, "'model_id' is not a modality name (keys hash the model id under it)")
-    return check_text(path, str.__str__(modality))
+    return check_text(path, modality)
 
 
 def _convert_media(value: MediaDataInput | None) -> MediaData:
@@ -156,6 +157,14 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
         items = data if isinstance(data, PVector) else _split_items(modality, data)
         if modality == "video":
             _check_video_items(where, items, given_as_items=isinstance(data, PVector))
+        if modality in _VISUAL_AUDIO:
+            for i, item in enumerate(items):
+                if isinstance(item, (int, float, np.number, np.bool_)):
+                    raise PromptTypeError(
+                        f"{where}[{i}]",
+                        f"a number is not an {modality} item (the engine's list of items would read as "
+                        "one waveform); give an array, a list of samples or (array, rate)",
+                    )
         frozen[modality] = pvector(freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items))
     return frozen_map(frozen) if frozen else _EMPTY
 
@@ -204,6 +213,7 @@ def _check_uuid(path: str, uuid: object) -> str | None:
         return None
     if not isinstance(uuid, str):
         raise PromptTypeError(path, f"must be a str or None, got {type_name(uuid)}")
+    uuid = str.__str__(uuid)  # checked as the plain text the key is made of, not a subclass's view
     if not uuid:
         raise InvalidPromptError(path, "must not be empty: every item needs its own key")
     if looks_scoped(uuid):
@@ -219,7 +229,7 @@ def _check_uuid(path: str, uuid: object) -> str | None:
             f"{uuid!r} starts with {prefix!r}, which key policies put before tenants' and "
             "namespaced keys; a UUID may not spell one (use another prefix)",
         )
-    return check_text(path, str.__str__(uuid))
+    return check_text(path, uuid)
 
 
 def _as_options(path: str, value: object) -> FrozenDict[str, Any] | None:
@@ -271,7 +281,7 @@ def _as_token_ids(path: str, value: object) -> PVector[int]:
 def _as_text(path: str, value: object) -> str:
     if not isinstance(value, str):
         raise PromptTypeError(path, f"must be a str, got {type_name(value)}")
-    return value
+    return check_text(path, str.__str__(value))
 
 
 def _as_embeds(path: str, value: object, *, allow_list: bool = False) -> Any:
@@ -367,10 +377,12 @@ def _modalities(value: StrList | None) -> PVector[str] | None:
         return None
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, PVector)):
         raise PromptTypeError(path, f"must be a list of str, got {type_name(value)}")
+    names = []
     for i, name in enumerate(value):
         if not isinstance(name, str):
             raise PromptTypeError(f"{path}[{i}]", f"must be a str, got {type_name(name)}")
-    return value if isinstance(value, PVector) else pvector(value)
+        names.append(check_text(f"{path}[{i}]", str.__str__(name)))
+    return pvector(names)
 
 
 def _check_scope(_: object, attribute: attrs.Attribute[Scope | None], value: object) -> None:
@@ -419,6 +431,8 @@ def values_equal(a: Any, b: Any) -> bool:
                 isinstance(b, FrozenDict) and list(a) == list(b) and all(values_equal(a[k], b[k]) for k in a)
             )
         return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+    if isinstance(a, np.generic):  # by bytes, as the hash sees them: -0.0 is not 0.0
+        return type(a) is type(b) and a.dtype == b.dtype and a.tobytes() == b.tobytes()
     if isinstance(a, float):
         return type(b) is float and np.array(a).tobytes() == np.array(b).tobytes()
     return type(a) is type(b) and bool(a == b)
@@ -591,13 +605,27 @@ class _Prompt(_Derived):
 _UUID_PAIRS: dict[int, tuple[weakref.ref[Any], tuple[tuple[str, tuple[Any, ...] | None], ...]]] = {}
 
 
+# Keys media as vLLM's parser sees them, to tell whether two items are the same media.
+_SAME_MEDIA: Final = MediaHasher("omni-requests: same media?")
+
+
+def _same_media(modality: str, a: object, b: object) -> bool:
+    """The same object, or media vLLM would key alike (an image turned by EXIF orientation
+    or flattened another way is other media, and ``-0.0`` is not ``0.0``)."""
+    if a is b:
+        return True
+    if a is None or b is None:
+        return False
+    return _SAME_MEDIA.content_key(modality, a) == _SAME_MEDIA.content_key(modality, b)
+
+
 def _check_uuids_name_their_items(uuids: MediaUUIDs, view: tuple[MediaRow, ...]) -> None:
     """Refuse UUIDs that a record of other media already uses for those items.
 
     A UUID names one item: ``attrs.evolve(template, multi_modal_data=new)`` would hand the
     template's UUIDs to the new media, and the engine would serve the old media's cached
     features for it. Items are compared by identity first (records share their frozen
-    items), then by value (equal media in new objects, such as a file loaded again).
+    items), then by their keys (equal media in new objects, such as a file loaded again).
     """
     pairs = tuple((m, items) for m, items, given in view if given is not None)
     key = id(uuids)
@@ -615,7 +643,10 @@ def _check_uuids_name_their_items(uuids: MediaUUIDs, view: tuple[MediaRow, ...])
             if uuid is None:
                 continue
             same = (items is None and old is None) or (
-                items is not None and old is not None and i < len(old) and values_equal(items[i], old[i])
+                items is not None
+                and old is not None
+                and i < len(old)
+                and _same_media(modality, items[i], old[i])
             )
             if not same:
                 raise InvalidPromptError(

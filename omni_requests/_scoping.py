@@ -76,12 +76,12 @@ def scope_to_replica(
     """
     # Plain ints take the fast road; anything else gets check_index's errors.
     if type(replica_id) is not int or not 0 <= replica_id <= MAX_INDEX:
-        check_index("replica_id", replica_id)
+        replica_id = check_index("replica_id", replica_id)
     if type(stage_id) is not int or not 0 <= stage_id <= MAX_INDEX:
-        check_index("stage_id", stage_id)
+        stage_id = check_index("stage_id", stage_id)
     if type(hasher) is not MediaHasher and not isinstance(hasher, MediaHasher):
         raise PromptTypeError("hasher", f"must be a MediaHasher, got {type_name(hasher)}")
-    if policy is not None and not isinstance(policy, KeyPolicy):
+    if policy is not None and type(policy) is not KeyPolicy:  # a subclass could redefine ==
         raise PromptTypeError("policy", f"must be a KeyPolicy or None, got {type_name(policy)}")
     with_scope = _WITH_SCOPE.get(type(prompt))
     if with_scope is None:
@@ -125,6 +125,14 @@ def _scope_pair(
     """scope_to_replica for an encoder-decoder pair: both prompts, in the same scope."""
     if not isinstance(prompt, EncoderDecoderPrompt):
         raise PromptTypeError("prompt", f"must be a prompt record, got {type_name(prompt)}")
+    if policy is None:  # the pair is scoped together: a policy either part carries binds both
+        kept = {p.scope.policy for p in (prompt.encoder_prompt, prompt.decoder_prompt) if p and p.scope}
+        kept.discard(_DEFAULT_POLICY)
+        if len(kept) > 1:
+            raise InvalidPromptError(
+                "policy", f"the encoder and decoder prompts are scoped under different policies: {kept}"
+            )
+        policy = kept.pop() if kept else None
     encoder = scope_to_replica(
         prompt.encoder_prompt, replica_id, hasher=hasher, stage_id=stage_id, policy=policy
     )

@@ -19,11 +19,13 @@ import attrs
 import numpy as np
 import pytest
 from PIL import Image
+from pyrsistent import pvector
 
 from omni_requests import (
     InvalidPromptError,
     KeyPolicy,
     MediaHasher,
+    PromptTypeError,
     TextPrompt,
     rendered_uuids,
     scope_to_replica,
@@ -348,3 +350,135 @@ def test_a_masked_array_reaches_the_engine_as_the_plain_array_it_is_keyed_by() -
     key, item = _sent(record, "audio")
     assert type(item) is np.ndarray and item.tobytes() == masked.data.tobytes()
     assert key == _truth("audio", item)
+
+
+# -- found by an adversarial review of the contract above --
+
+
+class _LyingInt(int):
+    def __format__(self, spec: str) -> str:
+        return "1:tenant:acme:user"
+
+
+class _LyingStr(str):
+    def startswith(self, *args: object) -> bool:  # type: ignore[override]
+        return False
+
+
+def test_an_int_subclass_replica_id_cannot_poison_later_prefixes() -> None:
+    hasher = MediaHasher("/models/lying-int")  # no scope cached yet: the odd id would be kept
+    image = np.zeros((2, 2, 3), np.uint8)
+    odd = scope_to_replica(
+        TextPrompt(prompt="a", multi_modal_data={"image": image}), _LyingInt(1), hasher=hasher
+    )
+    assert odd.scope is not None and type(odd.scope.replica_id) is int
+    plain = scope_to_replica(TextPrompt(prompt="b", multi_modal_data={"image": image + 1}), 1, hasher=hasher)
+    assert _sent(plain, "image")[0] == "stage0:rep1:" + hasher.key("image", image + 1)
+
+
+def test_a_str_subclass_uuid_is_checked_as_its_plain_text() -> None:
+    with pytest.raises(InvalidPromptError, match="may not spell"):
+        TextPrompt(
+            prompt="x",
+            multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)},
+            multi_modal_uuids={"image": _LyingStr("tenant:acme:user:cat")},
+        )
+
+
+@pytest.mark.parametrize("data", [0.5, pvector([0.5, 0.25])], ids=["float", "pvector-of-floats"])
+def test_numbers_are_not_audio_items(data: Any) -> None:
+    with pytest.raises(PromptTypeError, match="a number is not an audio item"):
+        TextPrompt(prompt="x", multi_modal_data={"audio": data})
+
+
+class _OddFloat(np.float64):
+    def __reduce__(self) -> Any:
+        return (_OddFloat, (0.0,))
+
+
+def test_a_numpy_scalar_subclass_is_never_taken_for_another_by_the_cache() -> None:
+    frames = np.frombuffer(video(4).tobytes(), np.uint8).reshape(video(4).shape)
+    for fps in (1.0, 2.0):
+        item = (frames, {"fps": _OddFloat(fps)})
+        record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": item}), 0, hasher=HASHER)
+        key, sent = _sent(record)
+        assert key == _truth("video", (sent[0].copy(), sent[1]))
+
+
+def test_a_structured_scalar_viewing_the_callers_array_is_copied() -> None:
+    caller = np.zeros(1, dtype=[("x", "<i4")])
+    record = scope_to_replica(
+        TextPrompt(prompt="x", multi_modal_data={"audio": (np.zeros(4, np.float32), caller[0])}),
+        0,
+        hasher=HASHER,
+    )
+    before, _ = _sent(record, "audio")
+    caller["x"][0] = 7
+    key, item = _sent(record, "audio")
+    assert key == before == _truth("audio", (item[0].copy(), item[1])) and item[1]["x"] == 0
+
+
+def test_evolve_refuses_a_uuid_for_media_vllm_keys_apart() -> None:
+    wave = np.zeros(8, np.float32)
+    template = TextPrompt(
+        prompt="x", multi_modal_data={"audio": (wave, np.float32(0.0))}, multi_modal_uuids={"audio": "z"}
+    )
+    with pytest.raises(InvalidPromptError, match="'z'"):
+        attrs.evolve(template, multi_modal_data={"audio": (wave, np.float32(-0.0))})
+    upright = Image.new("RGB", (4, 2), (1, 2, 3))
+    turned = upright.copy()
+    turned.getexif()[0x0112] = 6
+    photo = TextPrompt(prompt="x", multi_modal_data={"image": upright}, multi_modal_uuids={"image": "cat"})
+    with pytest.raises(InvalidPromptError, match="'cat'"):
+        attrs.evolve(photo, multi_modal_data={"image": turned})
+
+
+def test_policies_cannot_be_slipped_past_by_a_subclass_or_a_pair() -> None:
+    from omni_requests import EncoderDecoderPrompt
+
+    class _Agreeable(KeyPolicy):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        __hash__ = KeyPolicy.__hash__
+
+    record = from_vllm(_tenant_image(4))
+    acme = scope_to_replica(record, 0, hasher=HASHER, policy=KeyPolicy(tenant="acme"))  # type: ignore[type-var]
+    with pytest.raises(PromptTypeError):
+        scope_to_replica(acme, 1, hasher=HASHER, policy=_Agreeable())
+    pair = EncoderDecoderPrompt(encoder_prompt=acme, decoder_prompt=from_vllm(_tenant_image(5)))  # type: ignore[arg-type]
+    scoped = scope_to_replica(pair, 1, hasher=HASHER)
+    assert rendered_uuids(scoped.decoder_prompt) == {"image": ["stage0:rep1:tenant:acme:cat"]}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("build", "path"),
+    [
+        (
+            lambda: TextPrompt(prompt="x", multi_modal_data={"audio": [np.zeros(3, dtype="V0")]}),
+            "$.multi_modal_data.audio[0]",
+        ),
+        (
+            lambda: TextPrompt(prompt="x", multi_modal_data={"video": (video(1), {"t": np.str_("a\ud800")})}),
+            "$.multi_modal_data.video[0][1].t",
+        ),
+        (lambda: TextPrompt(prompt="a\ud800"), "$.prompt"),
+        (lambda: TextPrompt(prompt="x", modalities=["te\udfffxt"]), "$.modalities[0]"),
+    ],
+    ids=["zero-size-dtype", "numpy-str-surrogate", "prompt-surrogate", "modality-surrogate"],
+)
+def test_more_bad_input_is_refused_by_name(build: Any, path: str) -> None:
+    with pytest.raises((InvalidPromptError, PromptTypeError)) as caught:
+        build()
+    assert caught.value.path == path
+
+
+def test_tensors_vllm_cannot_hash_are_refused_at_construction() -> None:
+    torch = pytest.importorskip("torch")
+    for tensor in (
+        torch.zeros(2, 4, 4, 3, dtype=torch.complex64).conj(),
+        torch.zeros(2, 4, 4, 3, device="meta"),
+    ):
+        with pytest.raises(PromptTypeError, match="cannot read this tensor") as caught:
+            TextPrompt(prompt="x", multi_modal_data={"video": [tensor]})
+        assert caught.value.path == "$.multi_modal_data.video[0]"
