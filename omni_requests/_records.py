@@ -157,13 +157,13 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
         items = data if isinstance(data, PVector) else _split_items(modality, data)
         if modality == "video":
             _check_video_items(where, items, given_as_items=isinstance(data, PVector))
-        if modality in _VISUAL_AUDIO:
+        if modality == "audio":
             for i, item in enumerate(items):
                 if isinstance(item, (int, float, np.number, np.bool_)):
                     raise PromptTypeError(
                         f"{where}[{i}]",
-                        f"a number is not an {modality} item (the engine's list of items would read as "
-                        "one waveform); give an array, a list of samples or (array, rate)",
+                        "a number is not an audio item (the engine's list of items would read as one "
+                        "waveform); give an array, a list of samples or (array, rate)",
                     )
         frozen[modality] = pvector(freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items))
     return frozen_map(frozen) if frozen else _EMPTY
