@@ -245,12 +245,9 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
         return value.tobytes()
     if depth >= MAX_DEPTH:
         raise _too_deep(path)
-    if isinstance(value, tuple):
-        return tuple(freeze_media(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
-    if isinstance(value, (list, PVector)):
-        return _freeze_sequence(value, path, freeze_media, depth)
-    if isinstance(value, Mapping):
-        return _freeze_mapping(value, path, freeze_media, depth)
+    frozen = _freeze_container(value, path, freeze_media, depth)
+    if frozen is not _NOT_A_CONTAINER:
+        return frozen
     if is_media_with_bytes(value):  # vLLM's loaded media: keyed by its bytes (see _media_bytes)
         return freeze_media_with_bytes(value, path, freeze_media)
     raise PromptTypeError(
@@ -302,15 +299,25 @@ def freeze_option(value: object, path: str, depth: int = 0) -> object:
         return value if value.dtype.hasobject or value.dtype.itemsize == 0 else immutable_array(value)
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
-    if isinstance(value, (tuple, list, PVector, Mapping)) and depth >= MAX_DEPTH:
+    frozen = _freeze_container(value, path, freeze_option, depth)
+    return value if frozen is _NOT_A_CONTAINER else frozen
+
+
+_NOT_A_CONTAINER: Final = object()
+
+
+def _freeze_container(value: object, path: str, freeze: Any, depth: int) -> object:
+    """A tuple, list or mapping with each element frozen by ``freeze`` one level deeper,
+    or ``_NOT_A_CONTAINER``; media and options share this, and differ only in ``freeze``."""
+    if not isinstance(value, (tuple, list, PVector, Mapping)):
+        return _NOT_A_CONTAINER
+    if depth >= MAX_DEPTH:
         raise _too_deep(path)
     if isinstance(value, tuple):
-        return tuple(freeze_option(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
-    if isinstance(value, (list, PVector)):
-        return _freeze_sequence(value, path, freeze_option, depth)
+        return tuple(freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
     if isinstance(value, Mapping):
-        return _freeze_mapping(value, path, freeze_option, depth)
-    return value
+        return _freeze_mapping(value, path, freeze, depth)
+    return _freeze_sequence(value, path, freeze, depth)
 
 
 def _freeze_sequence(value: Any, path: str, freeze: Any, depth: int) -> PVector[Any]:
