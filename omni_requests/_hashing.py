@@ -30,7 +30,15 @@ from pyrsistent import PVector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._image_road import pixels
-from ._media import check_text, immutable_token, is_immutable_array, is_pil_image, is_torch_tensor
+from ._media import (
+    MediaKind,
+    check_text,
+    immutable_token,
+    is_immutable_array,
+    is_pil_image,
+    is_torch_tensor,
+    media_kind,
+)
 from ._media_bytes import feed_media_with_bytes, is_media_with_bytes
 
 __all__ = ["HashAlgorithm", "MediaHasher"]
@@ -101,6 +109,7 @@ def _value(update: _Update, value: object, leaf: _Leaf | None = None) -> None:
 
 
 def _leaf(update: _Update, value: object) -> None:
+    # vLLM's serialize_item order, not media_kind's: a bytes-like or number is tested first.
     if isinstance(value, (bytes, memoryview)):
         _framed(update, value)
     elif isinstance(value, str):
@@ -303,19 +312,21 @@ def _sample_spans(count: int, per: int) -> list[tuple[int, int]]:
 
 
 def _fingerprint_leaf(update: _Update, value: object) -> None:
+    media: Any = value
+    kind = media_kind(value)
     if isinstance(value, (bytes, memoryview)):
         _sampled(update, memoryview(value).cast("B"))
     elif isinstance(value, str):
         _sampled(update, memoryview(value.encode("utf-8")))
-    elif isinstance(value, np.ndarray):
+    elif kind is MediaKind.ARRAY:
         _framed(update, b"ndarray")
-        _sampled_array(update, value, value.dtype.str)
-    elif is_pil_image(value):
-        _sampled_image(update, value)
-    elif is_torch_tensor(value):
+        _sampled_array(update, media, media.dtype.str)
+    elif kind is MediaKind.IMAGE:
+        _sampled_image(update, media)
+    elif kind is MediaKind.TENSOR:
         import torch  # a tensor exists, so torch is imported already
 
-        tensor = value.detach().cpu()  # type: ignore[attr-defined]
+        tensor = media.detach().cpu()
         _framed(update, b"tensor")
         if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; same-size view, no copy
             _sampled_array(update, tensor.view(torch.int16).numpy(), str(tensor.dtype))

@@ -230,16 +230,18 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
             frozen_void: Any = immutable_array(np.array(value))[()]
             return frozen_void
         return value
-    if isinstance(value, np.ndarray):
-        if value.dtype.hasobject:
+    kind = media_kind(value)
+    if kind is MediaKind.ARRAY:
+        array: np.ndarray[Any, Any] = value  # type: ignore[assignment]
+        if array.dtype.hasobject:
             raise PromptTypeError(path, "numpy arrays of dtype object cannot be hashed; use a numeric dtype")
-        if value.dtype.itemsize == 0:
-            raise PromptTypeError(path, f"arrays of dtype {value.dtype} hold no bytes to key")
-        return immutable_array(value)
-    if is_torch_tensor(value):
+        if array.dtype.itemsize == 0:
+            raise PromptTypeError(path, f"arrays of dtype {array.dtype} hold no bytes to key")
+        return immutable_array(array)
+    if kind is MediaKind.TENSOR:
         _check_hashable_tensor(value, path)
         return value
-    if is_pil_image(value):
+    if kind is MediaKind.IMAGE:
         return value
     if isinstance(value, memoryview):
         return value.tobytes()
@@ -286,6 +288,15 @@ def _check_hashable_tensor(tensor: Any, path: str) -> None:
 
 def _torch_uint8() -> Any:
     return sys.modules["torch"].uint8  # a tensor exists, so torch is imported already
+
+
+def tensor_bytes(tensor: Any) -> Any:
+    """``tensor``'s bytes as a flat ``uint8`` tensor (a view when it is contiguous on the CPU).
+
+    What equality, snapshots and test pictures compare; bfloat16 included (numpy has no
+    such dtype, so a numpy view would fail).
+    """
+    return tensor.detach().cpu().contiguous().reshape(-1).view(_torch_uint8())
 
 
 def freeze_option(value: object, path: str, depth: int = 0) -> object:

@@ -23,8 +23,6 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import numpy as np
-
 from ._errors import PromptTypeError, type_name
 
 __all__ = ["feed_media_with_bytes", "freeze_media_with_bytes", "is_media_with_bytes"]
@@ -52,9 +50,9 @@ def _is_pil_image(value: object) -> bool:
 
 
 def _is_frames(value: object) -> bool:
-    from ._media import is_torch_tensor
+    from ._media import MediaKind, media_kind
 
-    return isinstance(value, np.ndarray) or is_torch_tensor(value)
+    return media_kind(value) in (MediaKind.ARRAY, MediaKind.TENSOR)
 
 
 def freeze_media_with_bytes(value: Any, path: str, freeze: _Freeze) -> object:

@@ -33,6 +33,7 @@ from ._media import (
     is_torch_tensor,
     media_kind,
     plain_map,
+    tensor_bytes,
     thaw,
 )
 
@@ -91,7 +92,8 @@ _EMPTY: Final[PMap[str, Any]] = frozen_map({})
 
 
 def _ndim(value: object) -> int | None:
-    if isinstance(value, np.ndarray) or is_torch_tensor(value):
+    kind = media_kind(value)
+    if kind is MediaKind.ARRAY or kind is MediaKind.TENSOR:
         return int(value.ndim)  # type: ignore[attr-defined]
     return None
 
@@ -407,9 +409,7 @@ def values_equal(a: Any, b: Any) -> bool:
 
         # By bytes, like arrays and like the hasher: NaN equals itself, -0.0 differs from 0.0.
         return (
-            a.dtype == b.dtype
-            and a.shape == b.shape
-            and bool(torch.equal(_tensor_bytes(a), _tensor_bytes(b)))
+            a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(tensor_bytes(a), tensor_bytes(b)))
         )
     if kind is MediaKind.IMAGE:
         return (
@@ -436,12 +436,6 @@ def values_equal(a: Any, b: Any) -> bool:
     if isinstance(a, float):
         return type(b) is float and np.array(a).tobytes() == np.array(b).tobytes()
     return type(a) is type(b) and bool(a == b)
-
-
-def _tensor_bytes(tensor: Any) -> Any:
-    import torch
-
-    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
 
 
 def _palette(image: Any) -> object:

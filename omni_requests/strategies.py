@@ -29,7 +29,7 @@ import hashlib
 import importlib.util
 import pickle
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Final, NamedTuple, TypeVar
 
 import attrs
@@ -38,11 +38,10 @@ from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
-from pyrsistent import PVector
 
 from ._hashing import ALGORITHMS, EXIF_IMAGE_ID, MediaHasher, _as_vllm_parses_image
 from ._media import IMAGE_MODES as _MODES
-from ._media import PALETTE_MODES, is_pil_image, is_torch_tensor
+from ._media import PALETTE_MODES, MediaKind, is_pil_image, media_kind, tensor_bytes
 from ._records import EmbedsPrompt, EncoderDecoderPrompt, Prompt, SinglePrompt, TextPrompt, TokensPrompt
 
 if TYPE_CHECKING:
@@ -883,33 +882,26 @@ def _content(value: object) -> object:
         return value.tobytes()
     if isinstance(value, (int, float)):  # vLLM hashes np.array(value).tobytes(), untagged
         return ("number", np.array(value).tobytes())
-    if isinstance(value, np.ndarray):
-        data = _content(value.item()) if value.ndim == 0 else value.tobytes()
-        return ("ndarray", value.dtype.str, value.shape, data)
-    if is_pil_image(value):
-        image: Any = value
-        image_id = image.getexif().get(EXIF_IMAGE_ID)
+    media: Any = value
+    kind = media_kind(value)
+    if kind is MediaKind.ARRAY:
+        data = _content(media.item()) if media.ndim == 0 else media.tobytes()
+        return ("ndarray", media.dtype.str, media.shape, data)
+    if kind is MediaKind.IMAGE:
+        image_id = media.getexif().get(EXIF_IMAGE_ID)
         if isinstance(image_id, uuid.UUID):
             return image_id.bytes
-        pixels = np.asarray(image)
-        palette = image.palette
+        pixels = np.asarray(media)
+        palette = media.palette
         colors = None if palette is None else (_content(palette.palette), palette.rawmode)
-        return ("image", image.mode, pixels.dtype.str, pixels.shape, pixels.tobytes(), colors)
-    if is_torch_tensor(value):
-        tensor: Any = value.detach().cpu()  # type: ignore[attr-defined]
-        raw = tensor.contiguous().reshape(-1).view(_torch_uint8()).numpy().tobytes()
-        return ("tensor", str(tensor.dtype), tuple(tensor.shape), raw)
-    if isinstance(value, (list, tuple, PVector)):
-        return ("sequence", tuple(_content(v) for v in value))
-    if isinstance(value, Mapping):
-        return ("mapping", tuple((str(k), _content(v)) for k, v in value.items()))
+        return ("image", media.mode, pixels.dtype.str, pixels.shape, pixels.tobytes(), colors)
+    if kind is MediaKind.TENSOR:
+        return ("tensor", str(media.dtype), tuple(media.shape), tensor_bytes(media).numpy().tobytes())
+    if kind is MediaKind.SEQUENCE:
+        return ("sequence", tuple(_content(v) for v in media))
+    if kind is MediaKind.MAPPING:
+        return ("mapping", tuple((str(k), _content(v)) for k, v in media.items()))
     return ("pickle", pickle.dumps(value))
-
-
-def _torch_uint8() -> Any:
-    import torch  # a tensor exists, so torch is imported already
-
-    return torch.uint8
 
 
 def templates_with_copies(

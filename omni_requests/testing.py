@@ -35,12 +35,12 @@ import numpy as np
 from hypothesis import HealthCheck, given
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
-from pyrsistent import PMap, PVector, pvector
+from pyrsistent import PVector, pvector
 
 from ._errors import type_name
 from ._hashing import EXIF_IMAGE_ID
 from ._keys import looks_scoped
-from ._media import is_pil_image, is_torch_tensor
+from ._media import MediaKind, media_kind, tensor_bytes
 from ._records import SINGLE_KINDS, SinglePrompt, _summary, values_equal
 from ._scoping import rendered_uuids
 from .strategies import TemplateCopies, media_identity, prompts, templates_with_copies
@@ -192,23 +192,23 @@ def _copy_media(value: object) -> Any:
 
     Arrays come back writable, as a user's own arrays are.
     """
-    if isinstance(value, np.ndarray):
-        return np.array(value, copy=True, order="K")
-    if is_pil_image(value):
-        image: Any = value
-        copy = image.copy()
-        exif = image.getexif()
+    media: Any = value
+    kind = media_kind(value)
+    if kind is MediaKind.ARRAY:
+        return np.array(media, copy=True, order="K")
+    if kind is MediaKind.IMAGE:
+        copy = media.copy()
+        exif = media.getexif()
         if EXIF_IMAGE_ID in exif:  # Image.copy() drops EXIF set in memory; vLLM keys on it
             copy.getexif()[EXIF_IMAGE_ID] = exif[EXIF_IMAGE_ID]
         return copy
-    if is_torch_tensor(value):
-        return value.clone()  # type: ignore[attr-defined]
-    if isinstance(value, tuple):
-        return tuple(_copy_media(v) for v in value)
-    if isinstance(value, (list, PVector)):
-        return [_copy_media(v) for v in value]
-    if isinstance(value, Mapping):
-        return {k: _copy_media(v) for k, v in value.items()}
+    if kind is MediaKind.TENSOR:
+        return media.clone()
+    if kind is MediaKind.SEQUENCE:
+        copies = [_copy_media(v) for v in media]
+        return tuple(copies) if isinstance(media, tuple) else copies
+    if kind is MediaKind.MAPPING:
+        return {k: _copy_media(v) for k, v in media.items()}
     return value
 
 
@@ -320,24 +320,22 @@ def _snapshot(value: object) -> Any:
             type(value).__name__,
             tuple((f.name, _snapshot(getattr(value, f.name))) for f in fields),
         )
-    if isinstance(value, (Mapping, PMap)):
-        return ("map", tuple((k, _snapshot(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple, PVector)):
-        return (type(value).__name__, tuple(_snapshot(v) for v in value))
-    if isinstance(value, np.ndarray):
-        return ("ndarray", value.dtype.str, value.shape, value.tobytes())
-    if is_pil_image(value):
-        image: Any = value
-        palette = image.palette
-        exif = image.getexif().get(EXIF_IMAGE_ID)
+    media: Any = value
+    kind = media_kind(value)
+    if kind is MediaKind.MAPPING:
+        return ("map", tuple((k, _snapshot(v)) for k, v in media.items()))
+    if kind is MediaKind.SEQUENCE:
+        return (type(value).__name__, tuple(_snapshot(v) for v in media))
+    if kind is MediaKind.ARRAY:
+        return ("ndarray", media.dtype.str, media.shape, media.tobytes())
+    if kind is MediaKind.IMAGE:
+        palette = media.palette
+        exif = media.getexif().get(EXIF_IMAGE_ID)
         colors = None if palette is None else (bytes(palette.palette), palette.rawmode)
-        return ("image", image.mode, image.size, image.tobytes(), colors, repr(exif))
-    if is_torch_tensor(value):
-        import torch  # a tensor exists, so torch is imported already
-
-        tensor: Any = value
-        raw = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
-        return ("tensor", str(tensor.dtype), tuple(tensor.shape), raw.tobytes())
+        return ("image", media.mode, media.size, media.tobytes(), colors, repr(exif))
+    if kind is MediaKind.TENSOR:
+        raw = tensor_bytes(media).numpy().tobytes()
+        return ("tensor", str(media.dtype), tuple(media.shape), raw)
     if isinstance(value, float):
         return ("float", value.hex())
     if isinstance(value, complex):

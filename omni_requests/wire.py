@@ -34,7 +34,6 @@ omni_requests`` does not import it.
 from __future__ import annotations
 
 import re
-import sys
 import uuid
 from typing import Any, Final
 
@@ -62,6 +61,8 @@ from ._hashing import EXIF_IMAGE_ID, EXIF_ORIENTATION
 from ._media import (  # the caller's modality order: a PMap iterates in its own
     IMAGE_MODES,
     PALETTE_MODES,
+    is_pil_image,
+    is_torch_tensor,
     plain_map,
 )
 
@@ -283,9 +284,9 @@ def _value_tree(value: Any, path: str) -> Any:
     if isinstance(value, np.generic):
         dtype = _wire_dtype(value.dtype, path)
         return [_TAGS[_SCALAR], dtype.str, value.tobytes()]
-    if _is_tensor(value):
+    if is_torch_tensor(value):
         return _tensor_tree(value, path)
-    if _is_image(value):
+    if is_pil_image(value):
         return _image_tree(value, path)
     raise PromptTypeError(
         path,
@@ -348,16 +349,6 @@ def _image_tree(image: Any, path: str) -> list[Any]:
     if type(orientation) is int:
         extras["orientation"] = orientation
     return [_TAGS[_IMAGE], mode, image.size[0], image.size[1], pixels, colors, extras]
-
-
-def _is_tensor(value: object) -> bool:
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
-def _is_image(value: object) -> bool:
-    image_module = sys.modules.get("PIL.Image")
-    return image_module is not None and isinstance(value, image_module.Image)
 
 
 def _name(value: object) -> str:
