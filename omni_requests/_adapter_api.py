@@ -16,6 +16,7 @@ from ._errors import type_name
 from ._keys import check_index
 from ._media import is_pil_image, is_torch_tensor, thaw
 from ._records import SINGLE_KINDS, MediaRow, SinglePrompt
+from ._scoping import one_request
 
 __all__ = [
     "SINGLE_KINDS",
@@ -24,6 +25,7 @@ __all__ = [
     "is_pil_image",
     "is_torch_tensor",
     "media_rows",
+    "one_request",
     "thaw",
     "type_name",
 ]

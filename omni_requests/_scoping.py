@@ -7,7 +7,9 @@ whose media is replaced (``attrs.evolve`` or otherwise) cannot carry the old med
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Final, TypeVar
 
 from pyrsistent import PMap, PVector, pmap, pvector
@@ -18,7 +20,7 @@ from ._keys import _DEFAULT_POLICY, MAX_INDEX, KeyOrigin, KeyPolicy, MediaKey, S
 from ._media import plain_map
 from ._records import _EMPTY, SINGLE_KINDS, EncoderDecoderPrompt, SinglePrompt, field_copier, replace_fields
 
-__all__ = ["media_keys", "rendered_uuids", "scope_to_replica"]
+__all__ = ["media_keys", "one_request", "rendered_uuids", "scope_to_replica"]
 
 _P = TypeVar("_P", bound="SinglePrompt | EncoderDecoderPrompt")
 
@@ -157,6 +159,65 @@ def _check_bindable(prompt: SinglePrompt) -> None:
                 )
 
 
+class _RequestDigests:
+    """The content keys one request has computed, for that same request's later walks.
+
+    Keyed by the item object (held here, so its id cannot be reused while the request
+    runs) and its modality. Closed when the request ends: a context copied during the
+    request (an asyncio task it started) finds nothing afterwards, and hashes again.
+    """
+
+    __slots__ = ("_keys", "hasher", "open")
+
+    def __init__(self, hasher: MediaHasher) -> None:
+        self.hasher = hasher
+        self.open = True
+        self._keys: dict[tuple[str, int], tuple[object, str]] = {}
+
+    def content_key(self, modality: str, item: object) -> str:
+        found = self._keys.get((modality, id(item)))
+        if found is not None and found[0] is item and self.open:
+            return found[1]
+        digest = self.hasher._content_key(modality, item)
+        if self.open:
+            self._keys[(modality, id(item))] = (item, digest)
+        return digest
+
+    def close(self) -> None:
+        self.open = False
+        self._keys.clear()
+
+
+_REQUEST: Final[ContextVar[_RequestDigests | None]] = ContextVar("omni_requests.request", default=None)
+
+
+@contextmanager
+def one_request(hasher: MediaHasher) -> Iterator[None]:
+    """Within the block, each media item's content key under ``hasher`` is computed once.
+
+    For an engine's request path that reads a request's keys more than once (to route it,
+    then to render its scoped prompts): every walk of :func:`media_keys` and
+    :func:`rendered_uuids` in the block takes the key of an item (the same object, under
+    the same modality) that an earlier walk computed, instead of hashing it again. That is
+    what makes a PIL image or a tensor, whose keys are never cached (nothing stops writes
+    to them), cost one hash per request. The keys are exactly the ones the walks would
+    compute: only *when* the item is hashed changes, never how.
+
+    The reuse lasts for the block and this context only: a later request (or the same
+    prompt rendered after the block) hashes again, so a change to an image between
+    requests is always seen. Within the block, the item must not change: keep the block
+    to one request, from its first key to the dicts handed to the engine (a change after
+    that is one "while the engine is reading", outside the contract of ``docs/security.md``).
+    """
+    reuse = _RequestDigests(hasher)
+    token = _REQUEST.set(reuse)
+    try:
+        yield
+    finally:
+        reuse.close()
+        _REQUEST.reset(token)
+
+
 _K = TypeVar("_K")
 
 
@@ -179,6 +240,10 @@ def _derive(
         _check_bindable(prompt)
     keys: dict[str, list[_K | None]] = {}
     by_uuid_alone = not bind
+    # Inside one_request: its keys for this hasher (an equal one computes the same keys).
+    reuse = _REQUEST.get()
+    if reuse is not None and reuse.hasher is not hasher and reuse.hasher != hasher:
+        reuse = None
     for modality, items, given in prompt._view:
         if items is None:  # cached-only items (binding refused them above)
             keys[modality] = [None if u is None else user(u, None) for u in given]  # type: ignore[union-attr]
@@ -195,9 +260,11 @@ def _derive(
                     "hasher", "an unscoped prompt needs a MediaHasher to derive content keys"
                 )
             else:
-                # Derived from the item each time: only then is a changed item seen.
+                # Derived from the item each time (once per request in one_request): only
+                # then is a changed item seen.
                 by_uuid_alone = False
-                row.append(content(hasher._content_key(modality, item)))
+                key_of = hasher._content_key if reuse is None else reuse.content_key
+                row.append(content(key_of(modality, item)))
         keys[modality] = row
     return keys, by_uuid_alone
 

@@ -11,7 +11,9 @@ lines at that call site: take a new prompt back and pass it on,
 without editing vllm-omni: it replaces that helper on the engine (the instance, not the
 class) by :func:`scope_stage0`, at the same point of the request path (after vllm-omni's
 own prompt transform), and hands the scoped prompt to ``process_inputs`` for the same
-request id. Records are accepted too, and become engine dicts at ``process_inputs``.
+request id. Records are accepted too, and become engine dicts when scoped (so each item
+is hashed once for routing and conversion together), or at ``process_inputs`` when
+nothing is scoped.
 
 It also gives the engine a copy of the caller's prompt to work on: vllm-omni writes a
 ``global_request_id`` into the prompt's ``additional_information`` before scoping, which
@@ -155,7 +157,10 @@ class Stage0Scoping:
             is_diffusion=pool.stage_type == "diffusion",
             select=lambda route: self._select(pool, route),
         )
-        replica, scoped = scope_stage0(prompt, pool=stage0, hasher=self.hasher, request_id=request_id)
+        # as_dicts: the dicts are rendered with the keys routing computed, in this one call.
+        replica, scoped = scope_stage0(
+            prompt, pool=stage0, hasher=self.hasher, request_id=request_id, as_dicts=True
+        )
         with self._lock:
             self._scoped[request_id] = scoped
         return replica

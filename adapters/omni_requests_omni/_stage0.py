@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar, overload
 
 import attrs
 from pyrsistent import PMap, PVector
@@ -25,7 +25,7 @@ from omni_requests import (
     media_keys,
     scope_to_replica,
 )
-from omni_requests._adapter_api import SINGLE_KINDS, check_index, type_name
+from omni_requests._adapter_api import SINGLE_KINDS, check_index, one_request, type_name
 from omni_requests_vllm import from_vllm, to_vllm
 
 from ._routing import RouteRequest, SelectReplica
@@ -178,9 +178,10 @@ class _Request:
                         if key is not None:
                             yield key.base
 
-    def scoped(self, index: int, replica_id: int) -> object:
+    def scoped(self, index: int, replica_id: int, as_dicts: bool) -> object:
         """Item ``index`` scoped to the replica: records through ``scope_to_replica`` (which
-        keeps a policy the record carries), dicts as the dict of their scoped record."""
+        keeps a policy the record carries), dicts (and records when ``as_dicts``) as the
+        dict of their scoped record."""
         item, record = self.items[index], self.records[index]
         if isinstance(item, str):
             return item
@@ -188,16 +189,35 @@ class _Request:
             return list(item)  # type: ignore[call-overload]
         prompt: Any = record  # a record: dicts were read into one in __init__
         scoped = scope_to_replica(prompt, replica_id, hasher=self.hasher)
-        return scoped if isinstance(item, _RECORDS) else to_vllm(scoped)
+        return scoped if isinstance(item, _RECORDS) and not as_dicts else to_vllm(scoped)
 
 
+@overload
 def scope_stage0(
     prompts: _T,
     *,
     pool: Stage0Pool,
     hasher: MediaHasher,
     request_id: str | None = None,
-) -> Stage0Result[_T]:
+    as_dicts: Literal[False] = False,
+) -> Stage0Result[_T]: ...
+@overload
+def scope_stage0(
+    prompts: object,
+    *,
+    pool: Stage0Pool,
+    hasher: MediaHasher,
+    request_id: str | None = None,
+    as_dicts: bool,
+) -> Stage0Result[Any]: ...
+def scope_stage0(
+    prompts: object,
+    *,
+    pool: Stage0Pool,
+    hasher: MediaHasher,
+    request_id: str | None = None,
+    as_dicts: bool = False,
+) -> Stage0Result[Any]:
     """Pick a stage-0 replica for a request and scope its media keys to it.
 
     ``prompts`` is what the engine would hand to ``process_inputs``: one prompt or a
@@ -209,7 +229,9 @@ def scope_stage0(
       hash algorithm). All prompts of the request get the same replica. Dicts come back
       as new dicts (lists and dicts inside are new too), records as new records, strs
       and token lists as they are (a token list copied). Nothing of the caller's
-      changes, so a template dict can be reused and a retry scoped again.
+      changes, so a template dict can be reused and a retry scoped again. With
+      ``as_dicts=True`` records come back as dicts too (``to_vllm`` of the scoped
+      record): what ``process_inputs`` takes.
     - passed through, ``(None, prompts)`` with ``prompts`` itself: stage 0 has one
       live replica or is a diffusion stage; ``prompts`` is already an engine request;
       no prompt carries ``multi_modal_data``; or ``pool.select`` returned ``None``.
@@ -217,6 +239,13 @@ def scope_stage0(
     Every dict is checked (``from_vllm``) before ``pool.select`` is called, so a bad
     prompt raises (naming e.g. ``$[1].multi_modal_uuids.image``) before a replica is
     bound to the request.
+
+    Each media item is hashed at most once in a call: the keys a policy reads to route
+    the request are the ones its dicts are rendered with (``one_request``), never kept
+    beyond the call. A record handed back is rendered later by ``to_vllm``, outside the
+    call: an array's key is cached (its bytes cannot change) but a PIL image or a
+    tensor is hashed again there, since it may have changed since. Pass
+    ``as_dicts=True`` where the dicts go straight to the engine.
 
     >>> import numpy as np
     >>> from omni_requests import MediaHasher
@@ -242,15 +271,17 @@ def scope_stage0(
         return passed
 
     request = _Request(items, hasher, (lambda i: f"$[{i}]") if many else (lambda _: "$"))
-    replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: list(request.bases())))
-    if replica is None:
-        return passed
-    if isinstance(replica, bool) or not isinstance(replica, int) or replica not in pool.replicas:
-        raise InvalidPromptError(
-            "$.pool.select",
-            f"returned {replica!r} ({type_name(replica)}), which is not a live replica id; "
-            f"live replicas: {list(pool.replicas)}",
-        )
-    scoped = [request.scoped(i, replica) for i in range(len(items))]
-    result: _T = scoped if many else scoped[0]  # type: ignore[assignment]
+    # One request: routing's keys are the keys its dicts are rendered with.
+    with one_request(hasher):
+        replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: list(request.bases())))
+        if replica is None:
+            return passed
+        if isinstance(replica, bool) or not isinstance(replica, int) or replica not in pool.replicas:
+            raise InvalidPromptError(
+                "$.pool.select",
+                f"returned {replica!r} ({type_name(replica)}), which is not a live replica id; "
+                f"live replicas: {list(pool.replicas)}",
+            )
+        scoped = [request.scoped(i, replica, as_dicts) for i in range(len(items))]
+    result: Any = scoped if many else scoped[0]
     return Stage0Result(replica, result)

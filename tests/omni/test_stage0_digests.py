@@ -1,0 +1,247 @@
+"""Routing plus conversion hash each media item once per request, never across requests.
+
+``CacheAffinity`` reads a request's media keys to route it; the request's dicts then carry
+the same keys, scoped. A PIL image or a tensor has no cached key (nothing stops writes to
+it), so without reuse inside the request it was hashed twice. These tests count the
+digests a ``MediaHasher`` computes, per item, for a PIL image, a tensor and an array, in
+dicts and in records, through ``scope_stage0`` and through the scoping installed into an
+engine, and check that the keys are exactly ``scope_to_replica``'s (policies included).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from omni_requests import KeyPolicy, MediaHasher, TextPrompt, scope_to_replica
+from omni_requests_omni import (
+    CacheAffinity,
+    RouteRequest,
+    Stage0Balancer,
+    Stage0Pool,
+    install_stage0_scoping,
+    scope_stage0,
+)
+from omni_requests_vllm import to_vllm
+
+MODEL = "/models/tiny-omni"
+PLAIN = MediaHasher(MODEL)
+
+
+class Counting(MediaHasher):
+    """A MediaHasher that records each digest it computes (a cache hit computes none)."""
+
+    computed: Counter[str]
+
+    def _digest(self, modality: str, item: object) -> str:
+        digest = super()._digest(modality, item)
+        type(self).computed[digest] += 1
+        return digest
+
+
+def _hasher() -> Counting:
+    Counting.computed = Counter()
+    return Counting(MODEL)
+
+
+def _media(seed: int) -> dict[str, list[Any]]:
+    """One PIL image, one array image and one tensor video, all never seen before."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)
+    return {
+        "image": [Image.fromarray(pixels), rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)],
+        "video": [torch.from_numpy(rng.integers(0, 256, (2, 8, 8, 3), dtype=np.uint8))],
+    }
+
+
+def _content_keys(media: dict[str, list[Any]]) -> Counter[str]:
+    """Each item's content key once: what one hash per item computes."""
+    return Counter(PLAIN.content_key(modality, item) for modality, items in media.items() for item in items)
+
+
+class Capturing:
+    """CacheAffinity, also keeping the context it ran in (as a task started there would)."""
+
+    def __init__(self) -> None:
+        self.policy = CacheAffinity()
+        self.context: contextvars.Context | None = None
+
+    def __call__(self, request: RouteRequest) -> int | None:
+        self.context = contextvars.copy_context()
+        return self.policy(request)
+
+
+def _expected(record: TextPrompt, replica: int) -> Any:
+    return to_vllm(scope_to_replica(record, replica, hasher=PLAIN))
+
+
+def _same(sent: Any, expected: Any) -> bool:
+    """The same dict: equal keys and fields, the same media (arrays equal: a dict's are copies)."""
+    data, want = sent.pop("multi_modal_data"), expected.pop("multi_modal_data")
+    same_media = data.keys() == want.keys() and all(
+        len(data[m]) == len(want[m])
+        and all(
+            a is b or (isinstance(a, np.ndarray) and np.array_equal(a, b))
+            for a, b in zip(data[m], want[m], strict=True)
+        )
+        for m in data
+    )
+    return same_media and sent == expected
+
+
+def _check_nothing_is_reused_after(
+    media: dict[str, list[Any]], capturing: Capturing, hasher: Counting
+) -> None:
+    """After the request, a changed image gets its new key, even in a context copied during it."""
+    image = media["image"][0]
+    image.putpixel((0, 0), tuple(255 - v for v in image.getpixel((0, 0))))
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": image})
+    assert capturing.context is not None
+    out = capturing.context.run(lambda: to_vllm(scope_to_replica(record, 1, hasher=hasher)))
+    assert out["multi_modal_uuids"]["image"] == [f"stage0:rep1:{PLAIN.content_key('image', image)}"]
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["one prompt", "a list of prompts"])
+def test_a_dict_request_hashes_each_item_once(many: bool) -> None:
+    hasher, capturing = _hasher(), Capturing()
+    media = _media(1)
+    prompt: dict[str, Any] = {"prompt": "<image><image><video>", "multi_modal_data": media}
+    given: Any = [prompt, {"prompt": "no media"}] if many else prompt
+    replica, out = scope_stage0(given, pool=Stage0Pool(replicas=2, select=capturing), hasher=hasher)
+    assert replica is not None
+    assert Counting.computed == _content_keys(media)  # every item hashed, each exactly once
+    scoped = out[0] if many else out
+    assert scoped["multi_modal_uuids"] == _expected(TextPrompt(**prompt), replica)["multi_modal_uuids"]
+
+    # The next request with the same (unchanged) dict hashes its image and tensor again:
+    # there is no cache across requests for them; its array is a new copy, hashed again too.
+    Counting.computed = Counter()
+    scope_stage0(given, pool=Stage0Pool(replicas=2, select=capturing), hasher=hasher)
+    assert Counting.computed == _content_keys(media)
+    _check_nothing_is_reused_after(media, capturing, hasher)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [None, KeyPolicy(namespaces=True, tenant="acme"), KeyPolicy(bind_content=True)],
+    ids=["no policy", "tenant", "bind_content"],
+)
+def test_a_record_request_converted_in_the_call_hashes_each_item_once(policy: KeyPolicy | None) -> None:
+    hasher, capturing = _hasher(), Capturing()
+    media = _media(2)
+    record = TextPrompt(
+        prompt="<image><image><image><video>",
+        multi_modal_data={"image": [*media["image"], np.zeros((4, 4, 3), np.uint8)], "video": media["video"]},
+        multi_modal_uuids={"image": [None, None, "cat"], "video": [None]},
+    )
+    if policy is not None:  # scoped once under a policy: every later scoping keeps it
+        record = scope_to_replica(record, 0, hasher=PLAIN, policy=policy)
+    Counting.computed = Counter()
+    pool = Stage0Pool(replicas=2, select=capturing)
+    replica, out = scope_stage0(record, pool=pool, hasher=hasher, as_dicts=True)
+    assert replica is not None and isinstance(out, dict)
+    assert Counting.computed == _content_keys(media)  # "cat" is a user key: never hashed
+    assert _same(out, _expected(record, replica))  # the whole dict, keys and policy included
+    assert out["multi_modal_uuids"]["image"][2].endswith("cat")
+    # Handed back as a record instead, it is rendered by a later to_vllm, outside the
+    # request: the image and the tensor are hashed again there (the record's array has
+    # had its key cached since the first request: its bytes cannot change).
+    Counting.computed = Counter()
+    _, scoped = scope_stage0(record, pool=pool, hasher=hasher)
+    assert _same(to_vllm(scoped), _expected(record, replica))
+    assert Counting.computed == Counter(
+        {PLAIN.content_key("image", media["image"][0]): 2, PLAIN.content_key("video", media["video"][0]): 2}
+    )
+    _check_nothing_is_reused_after(media, capturing, hasher)
+
+
+class _Pool:
+    """A local stage-0 pool of two, as vllm-omni's StagePool shows itself to the scoping."""
+
+    stage_type = "llm"
+    is_distributed = False
+
+    def __init__(self) -> None:
+        self.clients = ["tcp://replica-0", "tcp://replica-1"]
+        self.bound: dict[str, str] = {}
+        self.balancer: Any = None
+
+    @staticmethod
+    def _client_input_addr(client: str) -> str:
+        return client
+
+    def live_replica_ids(self) -> list[int]:
+        return [0, 1]
+
+    def available_replica_ids(self) -> list[int]:
+        return [0, 1]
+
+    def get_replica_id_by_addr(self, address: str) -> int:
+        return self.clients.index(address)
+
+    def bind(self, request_id: str, address: str) -> None:
+        self.bound[request_id] = address
+
+    def attach_load_balancer(self, balancer: Any) -> None:
+        self.balancer = balancer
+
+
+class _Processor:
+    def __init__(self) -> None:
+        self.received: list[Any] = []
+
+    def process_inputs(self, *, request_id: str, prompt: Any) -> Any:
+        self.received.append(prompt)
+        return prompt
+
+
+class _Engine:
+    """The attributes of vllm-omni's AsyncOmniEngine the installation uses, and its request path."""
+
+    model = MODEL
+
+    def __init__(self) -> None:
+        self.stage_pools = [_Pool()]
+        self.input_processor = _Processor()
+
+    def _resolve_mm_hasher_algorithm(self) -> str:
+        return "blake3"
+
+    def _build_add_request_message(self, request_id: str, prompt: Any) -> Any:
+        return prompt
+
+    def _scope_stage0_multimodal_cache_to_replica(self, request_id: str, prompt: Any) -> int | None:
+        raise AssertionError("the installed scoping replaces this")
+
+    def add_request(self, request_id: str, prompt: Any) -> tuple[int | None, Any]:
+        prompt = self._build_add_request_message(request_id, prompt)
+        replica = self._scope_stage0_multimodal_cache_to_replica(request_id, prompt)
+        return replica, self.input_processor.process_inputs(request_id=request_id, prompt=prompt)
+
+
+@pytest.mark.parametrize("shape", ["record", "dict"])
+def test_the_installed_scoping_hashes_each_item_once_per_request(shape: str) -> None:
+    hasher = _hasher()
+    engine = _Engine()
+    installed = install_stage0_scoping(engine, hasher=hasher, balancer=Stage0Balancer(CacheAffinity()))
+    media = _media(3)
+    record = TextPrompt(prompt="<image><image><video>", multi_modal_data=media)
+    prompt: Any = record if shape == "record" else {"prompt": record.prompt, "multi_modal_data": media}
+    try:
+        for n in range(2):  # and again for a second request: no reuse across them
+            Counting.computed = Counter()
+            replica, sent = engine.add_request(f"req-{n}", prompt)
+            assert replica is not None and engine.stage_pools[0].bound[f"req-{n}"].endswith(str(replica))
+            expected = _content_keys(media)
+            if n and shape == "record":  # the record's own array keeps its key (cached)
+                del expected[PLAIN.content_key("image", media["image"][1])]
+            assert Counting.computed == expected
+            assert _same(sent, _expected(record, replica))
+    finally:
+        installed.uninstall()
