@@ -1,25 +1,30 @@
 """Routing: ``CacheAffinity`` plus conversion through ``scope_stage0``, against one hash.
 
 vllm-omni's stage 0 picks a replica (``CacheAffinity`` reads the request's media keys)
-and then scopes the request to it (a dict comes back as the dict of its scoped record; a
-record comes back scoped, and ``to_vllm`` of it, timed too, renders the same keys). An array item should be hashed at most once for both: the one time its key is
-computed. Four requests, each with one 19 MB video and media never seen before:
+and then scopes the request to it. Within one call of ``scope_stage0`` the keys routing
+computed are the keys its dicts are rendered with (``one_request``), so each item should
+be hashed at most once a request. Requests, each with media never seen before:
 
-- a plain dict holding the caller's writable array: ``from_vllm`` builds a record, which
-  copies the array once; its key is computed for routing and found in the cache for
-  conversion;
-- a record built beforehand from the caller's array (its copy made outside the timing);
-- a record reused (its key already known): no hash at all;
-- a PIL image in a record: images are never cached (nothing stops writes to them), so
-  routing and conversion each hash it.
+- a plain dict holding the caller's writable 19 MB video: ``from_vllm`` builds a record,
+  which copies the array once (the trust rule: records own their arrays), then one hash;
+- a record of a 19 MB video built beforehand (its copy made outside the timing), and the
+  same record reused (its key already known: no hash at all);
+- a 4K PIL image, in a dict and in a record, and a 19 MB tensor video in a record:
+  their keys are never cached across requests (nothing stops writes to them), so one
+  hash per request is the floor;
+- the PIL record handed back as a record and rendered by a separate ``to_vllm``: outside
+  the call, so its image is hashed again (shown, not judged).
 
-Each figure is the request's time against one hash of the same item (``MediaHasher.key``
-of a writable copy: every call hashes), and the number of digests actually computed,
-counted by a ``MediaHasher`` subclass.
+Records are scoped with ``as_dicts=True`` (what the installed scoping does): the call
+returns the engine's dicts. Each figure is the request's time against one hash of the
+same item (``MediaHasher.key`` of an item whose key is not cached: every call hashes), and
+the number of digests actually computed, counted by a ``MediaHasher`` subclass.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import time
 from collections.abc import Callable
 from typing import Any
@@ -66,31 +71,67 @@ def run(quick: bool) -> list[Row]:
     reused = TextPrompt(prompt="<video>", multi_modal_data={"video": fresh(0)})
     scope_stage0(reused, pool=pool, hasher=hasher)
 
-    cases: list[tuple[str, Callable[[int], object], Callable[[int], object], int]] = [
+    # A core-only environment has no torch: no tensor row there.
+    torch: Any = importlib.import_module("torch") if importlib.util.find_spec("torch") else None
+    image = f"PIL image {'1080p' if quick else '4K'} RGB"
+    mb = f"{video.nbytes / MB:.0f} MB"
+    # (label, request for round n, the item hashed once as the baseline, its bytes, as_dicts)
+    cases: list[tuple[str, Callable[[int], object], Callable[[int], object], int, bool]] = [
         (
-            f"dict with the caller's writable {video.nbytes / MB:.0f} MB video",
+            f"dict with the caller's writable {mb} video",
             lambda n: {"prompt": "<video>", "multi_modal_data": {"video": fresh(n)}},
             fresh,
             video.nbytes,
+            False,
         ),
         (
-            f"record of a {video.nbytes / MB:.0f} MB video, first request",
+            f"record of a {mb} video, first request",
             lambda n: TextPrompt(prompt="<video>", multi_modal_data={"video": fresh(n)}),
             fresh,
             video.nbytes,
+            True,
         ),
-        (f"record of a {video.nbytes / MB:.0f} MB video, reused", lambda n: reused, fresh, video.nbytes),
+        (f"record of a {mb} video, reused", lambda n: reused, fresh, video.nbytes, True),
         (
-            f"record of a PIL image {'1080p' if quick else '4K'} RGB",
+            f"dict with a {image}",
+            lambda n: {"prompt": "<image>", "multi_modal_data": {"image": Image.fromarray(pixels)}},
+            lambda n: Image.fromarray(pixels),
+            pixels.nbytes,
+            False,
+        ),
+        (
+            f"record of a {image}",
             lambda n: TextPrompt(prompt="<image>", multi_modal_data={"image": Image.fromarray(pixels)}),
             lambda n: Image.fromarray(pixels),
             pixels.nbytes,
+            True,
+        ),
+        (
+            f"record of a {image}, handed back as a record, then to_vllm",
+            lambda n: TextPrompt(prompt="<image>", multi_modal_data={"image": Image.fromarray(pixels)}),
+            lambda n: Image.fromarray(pixels),
+            pixels.nbytes,
+            False,
         ),
     ]
+    if torch is not None:
+        tensor = torch.from_numpy(video)
+        cases.insert(
+            3,
+            (
+                f"record of a {mb} tensor video",
+                lambda n: TextPrompt(
+                    prompt="<video>", multi_modal_data={"video": torch.from_numpy(fresh(n))}
+                ),
+                lambda n: tensor,
+                video.nbytes,
+                True,
+            ),
+        )
     rows = []
     clock = time.perf_counter
     n = 1
-    for label, request, item_for_hash, nbytes in cases:
+    for label, request, item_for_hash, nbytes, as_dicts in cases:
         modality = "image" if "PIL" in label else "video"
         routed, one_hash = Timing(), Timing()
         counts = []
@@ -109,8 +150,10 @@ def run(quick: bool) -> list[Row]:
                     else:
                         before = _Counting.digests
                         start = clock()
-                        replica, scoped = scope_stage0(prompt, pool=pool, hasher=hasher, request_id=f"r{n}")
-                        if isinstance(scoped, TextPrompt):  # records come back as records
+                        replica, scoped = scope_stage0(
+                            prompt, pool=pool, hasher=hasher, request_id=f"r{n}", as_dicts=as_dicts
+                        )
+                        if isinstance(scoped, TextPrompt):  # a record handed back: render it
                             scoped = to_vllm(scoped)
                         routed.samples.append(clock() - start)
                         counts.append(_Counting.digests - before)
@@ -119,7 +162,7 @@ def run(quick: bool) -> list[Row]:
                 del prompt, item, scoped
         ratio = routed.best / one_hash.best
         most = max(counts)
-        judged = modality == "video" and "reused" not in label
+        judged = "reused" not in label and "handed back" not in label
         rows.append(
             Row(
                 "affinity",
