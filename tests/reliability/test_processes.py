@@ -6,9 +6,9 @@ checks that the variable took). Each writes its records (pickle) and their engin
 (msgpack) and prints its keys; then each reads another's files: pickled with the C
 extension and read without it, and the other way round.
 
-msgpack: there is no record codec in the library. Records cross processes by pickle
-(through their constructors, stable across pyrsistent builds); engines move plain dicts.
-What a dict transport must keep is shown by the small codec in ``_worker.py``: arrays,
+msgpack: records cross processes by pickle here (through their constructors, stable
+across pyrsistent builds; ``omni_requests.wire`` has its own cross-process tests in
+``tests/wire``); engines move plain dicts. What a dict transport must keep is shown by the small codec in ``_worker.py``: arrays,
 and tuples apart from lists (vLLM reads ``(audio, rate)`` and ``[item, item]``
 differently), which plain msgpack merges, as the last test shows.
 """
