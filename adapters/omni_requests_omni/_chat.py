@@ -146,7 +146,11 @@ def chat_to_prompt(
     ``continue_final_message``, ``tools``, ``tokenization_kwargs``, ``mm_processor_kwargs``,
     plus ``media_io_kwargs``; other keywords (``cache_salt``, ...) go to the record. What
     vLLM refuses is refused with an error naming the message and part
-    (``$.messages[2].content[1]``), vLLM's own message included.
+    (``$.messages[2].content[1]``), vLLM's own message included. Audio parts become the
+    waveform vLLM's parser makes of them (resampled to the model's rate), which is what
+    vLLM keys. ``image_embeds``/``video_embeds`` given as dicts (with their grid, as
+    Qwen2-VL needs) are refused: vLLM merges them into one dict per modality, which a
+    record, one item per part, cannot send back.
 
     **Without vLLM** (no ``renderer``), a small stand-in: ``image_url``, ``input_image``,
     ``video_url``, ``audio_url`` and ``input_audio`` parts are loaded with ``loader``

@@ -268,7 +268,9 @@ class DefaultLoader:
       numpy ``.npy`` arrays (``data:video/x-npy;base64,...`` or a ``.npy`` file) by the
       fallback below;
     - audio: vLLM's ``AudioMediaIO``; where vLLM has no audio backend installed
-      (soundfile, PyAV or torchcodec), PCM WAV by the fallback below.
+      (soundfile, PyAV or torchcodec), PCM WAV by the fallback below, which decodes
+      8-, 16-, 24- and 32-bit PCM, mono and stereo, to the same samples as vLLM's
+      soundfile path (tested).
 
     Without vLLM (or ``use_vllm=False``): images with Pillow (turned upright by EXIF,
     converted to ``image_mode``, transparency over white), videos from ``.npy`` arrays,

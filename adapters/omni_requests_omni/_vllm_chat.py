@@ -7,6 +7,10 @@ the renderer's tokenizer with ``add_special_tokens=False``. It stops where vLLM 
 prompt to ``process_for_engine`` and turns that prompt into a record instead, so
 ``to_vllm(record)`` fed to the same renderer gives vLLM's own token ids, placeholders and
 ``mm_hashes``, and scoping the record gives ``stage0:rep{R}:<vLLM's own chat key>``.
+Two steps of vLLM's own processing are taken early, so the record's keys are vLLM's:
+chat audio is held as vLLM's parser resamples it (vLLM keys that waveform, not the
+decoded ``(waveform, rate)``), and embeddings given as dicts, which vLLM merges into one
+dict per modality that a record cannot send back, are refused naming the part.
 
 vLLM is imported only when this runs (the adapter stays importable without it).
 """
@@ -38,7 +42,8 @@ _PART_MODALITY: Final = {
     "video_url": "video",
     "video_embeds": "video",
 }
-_ITEM_PATH: Final = re.compile(r"^\$\.multi_modal_(?:data|uuids)\.(\w+)\[(\d+)\](.*)$")
+# An error of from_vllm about one item, or (no index) about a whole modality.
+_ITEM_PATH: Final = re.compile(r"^\$\.multi_modal_(?:data|uuids)\.(\w+)(?:\[(\d+)\])?(.*)$")
 
 
 def _copied(value: object) -> object:
@@ -218,6 +223,46 @@ def _part_paths(messages: list[dict[str, Any]]) -> dict[str, list[str]]:
     return paths
 
 
+def _as_parsed(renderer: Any, data: Mapping[str, Any], messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chat's media as vLLM's parser hands it to the processor and the hasher, where that differs.
+
+    vLLM's chat path loads audio as ``(waveform, rate)``; its parser resamples that to the
+    model's rate and vLLM keys the resampled waveform. The record holds that waveform (a
+    1-D array vLLM's parser passes through unchanged), so the record renders the same and
+    its key is vLLM's chat key. Embedding parts given as dicts (``image_embeds`` with
+    ``image_grid_thw``) are merged by vLLM into one dict for the whole modality, which a
+    record, one item per part, cannot hand back: refused, naming the first such part.
+    """
+    paths = _part_paths(messages)
+    out = dict(data)
+    info = None
+    for modality, value in data.items():
+        where = paths.get(modality, [])
+        if isinstance(value, Mapping):
+            raise InvalidPromptError(
+                where[0] if where else _ROOT,
+                f"vLLM merges {modality}_embeds given as dicts (the embeddings with their metadata, "
+                f"e.g. {modality}_grid_thw) into one dict for the whole modality; a record holds one "
+                f"item per part and cannot send that dict back, so this form is not supported "
+                f"(a {modality}_embeds tensor is, where the model takes one)",
+            )
+        if modality != "audio" or not isinstance(value, list):
+            continue
+        items: list[object] = []
+        for i, item in enumerate(value):
+            if isinstance(item, tuple):  # raw audio; embeddings and cached-only items stay as given
+                try:
+                    info = info or renderer.get_mm_processor().info
+                    parsed = info.parse_mm_data({modality: [item]}, validate=False)
+                    (item,) = parsed[modality].get_all_items_for_hash()
+                except Exception as error:  # vLLM's parser refuses in many ways (no resampler, ...)
+                    at = where[i] if i < len(where) else _ROOT
+                    raise _refusal(at, _at(messages, at), error) from error
+            items.append(item)
+        out[modality] = items
+    return out
+
+
 def chat_with_vllm(
     messages: Sequence[Mapping[str, Any]],
     renderer: Any,
@@ -267,6 +312,8 @@ def chat_with_vllm(
         )
     # What render_chat and LLM.chat add before the engine sees the prompt.
     record: dict[str, Any] = {**tokens, "media_io_kwargs": params.media_io_kwargs or {}}
+    if tokens.get("multi_modal_data"):
+        record["multi_modal_data"] = _as_parsed(renderer, tokens["multi_modal_data"], checked)
     if mm_processor_kwargs is not None:
         record["mm_processor_kwargs"] = dict(mm_processor_kwargs)
     record.update(fields)
@@ -275,8 +322,9 @@ def chat_with_vllm(
     except OmniRequestsError as error:
         found = _ITEM_PATH.match(error.path)
         paths = _part_paths(checked).get(found.group(1), []) if found else []
-        if found and int(found.group(2)) < len(paths):
-            raise type(error)(paths[int(found.group(2))] + found.group(3), error.message) from None
+        index = int(found.group(2) or 0) if found else 0  # a whole modality: its first part
+        if found and index < len(paths):
+            raise type(error)(paths[index] + found.group(3), error.message) from None
         raise
     assert isinstance(built, TokensPrompt)
     return built
