@@ -2,15 +2,15 @@
 
 A Hypothesis corpus of OpenAI-style conversations (system messages, several turns, every
 content part vLLM 0.34 accepts for the tiny Qwen2-VL, data URLs and allowed local files,
-``image_pil``, per-part ``uuid``s, names, tool calls and tool results) is rendered (a) by
-vLLM's own offline chat preprocessing (``OfflineInferenceMixin._preprocess_chat``, what
-``LLM.chat`` runs) and (b) through the library into a record, then ``to_vllm`` into the
-same renderer: identical prompt token ids, placeholders and unscoped ``mm_hashes``; the
-scoped record carries ``stage0:rep{R}:<vLLM's chat key>``. Refusals name the part.
+``image_pil``, JPEG-frame videos and video files (MP4 and AVI written with OpenCV, read by
+vLLM's OpenCV video loader), per-part ``uuid``s, names, tool calls and tool results) is
+rendered (a) by vLLM's own offline chat preprocessing (``OfflineInferenceMixin._preprocess_chat``,
+what ``LLM.chat`` runs) and (b) through the library into a record, then ``to_vllm`` into
+the same renderer: identical prompt token ids, placeholders and unscoped ``mm_hashes``;
+the scoped record carries ``stage0:rep{R}:<vLLM's chat key>``. Refusals name the part.
 
-Audio is not in the corpus: this CPU install has none of vLLM's audio decoders
-(soundfile, PyAV, torchcodec), so vLLM itself refuses every audio URL; the test below
-shows the library refuses it too, naming the part.
+Audio and embedding parts: ``test_chat_parity_audio.py`` (Qwen2-Audio, and renderers with
+``enable_mm_embeds``). The shared property and helpers: ``_chat_parity.py``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ from __future__ import annotations
 import base64
 import copy
 import io
-import re
-import types
 from pathlib import Path
 from typing import Any
 
@@ -28,33 +26,29 @@ from _tiny_models import VLLM_MISSING
 
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
+import cv2
 import numpy as np
-from hypothesis import HealthCheck, event, given, settings
+from _chat_parity import (
+    CORPUS_SETTINGS,
+    TEMPLATE,
+    assert_same_rendering,
+    check_parity,
+    uuids,
+    vllm_chat,
+    with_uuid,
+)
+from _chat_parity import (
+    conversations as chat_conversations,
+)
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from omni_requests import InvalidPromptError, MediaHasher, OmniRequestsError, TokensPrompt, scope_to_replica
+from omni_requests import InvalidPromptError
 from omni_requests_omni import MediaLoadError, chat_to_prompt
 from omni_requests_vllm import to_vllm
 
 pytestmark = pytest.mark.vllm
-
-# A template that uses every message field vLLM hands it, for both content formats.
-TEMPLATE = (
-    "{%- for message in messages -%}"
-    "<|im_start|>{{ message['role'] }}{% if message.get('name') %} {{ message['name'] }}{% endif %}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% elif message['content'] %}{% for c in message['content'] %}"
-    "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif c['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "{%- if message.get('tool_calls') %}{% for call in message['tool_calls'] %}"
-    " {{ call['function']['name'] }} {{ call['function']['arguments'] | tojson }}{% endfor %}{% endif %}"
-    "{%- if message.get('tool_call_id') %} {{ message['tool_call_id'] }}{% endif %}<|im_end|>\n"
-    "{% endfor -%}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif -%}"
-)
-WORDS = ("a", "the", "cat", "dog", "what", "is", "this", "?", "describe", "hello world", "Ünknown")
 
 
 def _image(seed: int, side: int) -> Image.Image:
@@ -68,11 +62,28 @@ def _encoded(image: Image.Image, fmt: str) -> bytes:
     return buffer.getvalue()
 
 
+# Video files OpenCV writes here (its bundled FFmpeg): container suffix, FourCC, MIME type.
+VIDEO_FORMATS = {"mp4": ("mp4v", "video/mp4"), "avi": ("MJPG", "video/x-msvideo")}
+
+
+def _write_video(path: Path, fourcc: str, seed: int, frames: int) -> bytes:
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), 4.0, (56, 56))
+    assert writer.isOpened(), f"OpenCV cannot write {path.suffix} ({fourcc})"
+    rng = np.random.default_rng(seed)
+    for _ in range(frames):
+        writer.write(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8))
+    writer.release()
+    return path.read_bytes()
+
+
 @pytest.fixture(scope="module")
 def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("chat_media")
     for seed in range(3):
         (folder / f"cat{seed}.png").write_bytes(_encoded(_image(100 + seed, 56), "PNG"))
+    for suffix, (fourcc, _) in VIDEO_FORMATS.items():
+        for seed in range(2):
+            _write_video(folder / f"clip{seed}.{suffix}", fourcc, seed, frames=2 + 2 * seed)
     return folder
 
 
@@ -82,8 +93,6 @@ def renderer(uncached_renderer: Any, media_dir: Path) -> Any:
 
 
 # -- the corpus ---------------------------------------------------------------------------
-
-uuids = st.one_of(st.none(), st.sampled_from(["u-cat", "u-dog", "7"]))
 
 
 @st.composite
@@ -116,127 +125,44 @@ def image_parts(draw: st.DrawFn) -> dict[str, Any]:
 
 @st.composite
 def video_parts(draw: st.DrawFn) -> dict[str, Any]:
-    seed, frames = draw(st.integers(0, 3)), draw(st.sampled_from([2, 4]))
-    encoded = [base64.b64encode(_encoded(_image(seed * 10 + i, 56), "JPEG")).decode() for i in range(frames)]
-    part: dict[str, Any] = {
-        "type": "video_url",
-        "video_url": {"url": "data:video/jpeg;base64," + ",".join(encoded)},
-    }
-    uuid = draw(uuids)
-    if uuid is not None:
-        part["uuid"] = uuid
-    return part
-
-
-texts = st.lists(st.sampled_from(WORDS), min_size=1, max_size=4).map(" ".join)
-text_parts = st.one_of(
-    texts.map(lambda t: {"type": "text", "text": t}),
-    texts.map(lambda t: {"type": "input_text", "text": t}),
-    texts.map(lambda t: {"type": "refusal", "refusal": t}),
-    texts.map(lambda t: {"type": "thinking", "thinking": t}),
-    texts,  # a bare string part
-)
-
-
-@st.composite
-def user_turns(draw: st.DrawFn) -> dict[str, Any]:
-    parts = draw(st.lists(st.one_of(text_parts, image_parts(), video_parts()), min_size=1, max_size=4))
-    message: dict[str, Any] = {"role": "user", "content": draw(st.one_of(texts, st.just(parts)))}
-    if draw(st.booleans()):
-        message["name"] = draw(st.sampled_from(["ada", "bob"]))
-    return message
-
-
-@st.composite
-def assistant_turns(draw: st.DrawFn) -> list[dict[str, Any]]:
-    if not draw(st.booleans()):
-        return [{"role": "assistant", "content": draw(st.one_of(texts, st.lists(text_parts, max_size=2)))}]
-    arguments = draw(st.sampled_from(['{"city": "cat"}', "{}", "", "not json", "[1, 2]", {"n": 1}]))
-    call = {"id": "call-1", "type": "function", "function": {"name": "look", "arguments": arguments}}
-    return [
-        {"role": "assistant", "content": draw(st.one_of(st.none(), texts)), "tool_calls": [call]},
-        {
-            "role": "tool",
-            "tool_call_id": "call-1",
-            "content": draw(
-                st.one_of(
-                    texts,
-                    st.lists(
-                        texts.map(lambda t: {"type": "text", "text": t}),
-                        min_size=1,
-                        max_size=2,
-                    ),
-                )
-            ),
-        },
-    ]
-
-
-@st.composite
-def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    if draw(st.booleans()):
-        messages.append(
-            {
-                "role": "system",
-                "content": draw(st.one_of(texts, st.lists(text_parts, min_size=1, max_size=2))),
-            }
+    kind = draw(st.sampled_from(["jpeg_frames", "jpeg_frames", "file_data_url", "file"]))
+    if kind == "jpeg_frames":  # vLLM's frames form: data:video/jpeg;base64,<frame>,<frame>
+        seed, frames = draw(st.integers(0, 3)), draw(st.sampled_from([2, 4]))
+        encoded = [
+            base64.b64encode(_encoded(_image(seed * 10 + i, 56), "JPEG")).decode() for i in range(frames)
+        ]
+        url = "data:video/jpeg;base64," + ",".join(encoded)
+    else:  # a video file OpenCV wrote, sent inline or as an allowed local file
+        suffix, seed = draw(st.sampled_from(sorted(VIDEO_FORMATS))), draw(st.integers(0, 1))
+        name = f"clip{seed}.{suffix}"
+        url = (
+            f"data:{VIDEO_FORMATS[suffix][1]};base64,{{{name}}}"
+            if kind == "file_data_url"
+            else f"file://{{media_dir}}/{name}"
         )
-    for _ in range(draw(st.integers(1, 2))):
-        messages.append(draw(user_turns()))
-        if draw(st.booleans()):
-            messages.extend(draw(assistant_turns()))
-    messages.append(draw(user_turns()))
-    return messages
+    return with_uuid({"type": "video_url", "video_url": {"url": url}}, draw(uuids))
+
+
+def conversations() -> st.SearchStrategy[list[dict[str, Any]]]:
+    return chat_conversations(st.one_of(image_parts(), video_parts()))
 
 
 def _resolved(messages: list[dict[str, Any]], media_dir: Path) -> list[dict[str, Any]]:
+    """The messages with ``{media_dir}`` and ``{clip0.mp4}``-style file placeholders filled in."""
     out = copy.deepcopy(messages)  # PIL images copy too; both paths get equal content
     for message in out:
         for part in message["content"] if isinstance(message["content"], list) else ():
-            if isinstance(part, dict) and isinstance(part.get("image_url"), dict):
-                part["image_url"]["url"] = part["image_url"]["url"].replace("{media_dir}", str(media_dir))
+            for key in ("image_url", "video_url"):
+                if isinstance(part, dict) and isinstance(part.get(key), dict):
+                    url = part[key]["url"].replace("{media_dir}", str(media_dir))
+                    if url.startswith("data:video/") and url.endswith("}"):
+                        head, _, name = url.partition("{")
+                        url = head + base64.b64encode((media_dir / name[:-1]).read_bytes()).decode()
+                    part[key]["url"] = url
     return out
 
 
-# -- vLLM's own chat path -----------------------------------------------------------------
-
-
-def vllm_chat(renderer: Any, messages: list[dict[str, Any]], **options: Any) -> Any:
-    """What ``LLM.chat`` sends the engine: vLLM's own ``_preprocess_chat`` on this renderer."""
-    from vllm.entrypoints.common.offline import OfflineInferenceMixin
-
-    llm = types.SimpleNamespace(renderer=renderer, model_config=renderer.model_config, chat_template=None)
-    (engine_input,) = OfflineInferenceMixin._preprocess_chat(llm, [messages], **options)  # type: ignore[arg-type]
-    return engine_input
-
-
-def library_chat(renderer: Any, messages: list[dict[str, Any]], **options: Any) -> tuple[TokensPrompt, Any]:
-    record = chat_to_prompt(messages, renderer=renderer, **options)
-    (engine_input,) = renderer.render_cmpl([to_vllm(record)])
-    return record, engine_input
-
-
-def _hasher(renderer: Any) -> MediaHasher:
-    config = renderer.model_config.multimodal_config
-    return MediaHasher(renderer.model_config.model, config.mm_hasher_algorithm)
-
-
-def assert_same_rendering(expected: Any, got: Any) -> None:
-    assert got["prompt_token_ids"] == expected["prompt_token_ids"]
-    assert got.get("mm_placeholders", {}) == expected.get("mm_placeholders", {})
-    assert got.get("mm_hashes", {}) == expected.get("mm_hashes", {})
-
-
-@settings(
-    max_examples=25,
-    deadline=None,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+@settings(CORPUS_SETTINGS, max_examples=25)
 @given(
     conversation=conversations(),
     content_format=st.sampled_from(["string", "openai"]),
@@ -257,34 +183,7 @@ def test_generated_conversations_render_like_vllms_own_chat_path(
         "chat_template_content_format": content_format,
         "add_generation_prompt": add_generation_prompt,
     }
-    pristine = copy.deepcopy(messages)
-    try:
-        expected = vllm_chat(renderer, copy.deepcopy(messages), **options)
-    except Exception:  # noqa: BLE001 - vLLM refuses this conversation (e.g. a bare-str image_url without a uuid)
-        event("vLLM refuses")
-        path = None
-        try:
-            record = chat_to_prompt(messages, renderer=renderer, **options)
-        except OmniRequestsError as error:  # refused while parsing: the error names where
-            path = error.path
-        else:  # refused while processing: the record's dict is refused by the renderer too
-            with pytest.raises(Exception):  # noqa: B017
-                renderer.render_cmpl([to_vllm(record)])
-        if path is not None:
-            assert re.match(r"^\$\.messages(\[\d+\](\.content\[\d+\]|\.tool_calls)?)?$", path)
-        assert messages == pristine
-        return
-    event("both render")
-    record, got = library_chat(renderer, messages, **options)
-    assert messages == pristine  # vLLM parses tool-call arguments in place; the library copies first
-    assert_same_rendering(expected, got)
-    # Scoped: every item's key is stage0:rep{R}: + vLLM's own chat key for it.
-    scoped = scope_to_replica(record, replica, hasher=_hasher(renderer))
-    sent = to_vllm(scoped).get("multi_modal_uuids", {})
-    assert sent == {
-        modality: [f"stage0:rep{replica}:{key}" for key in keys]
-        for modality, keys in expected.get("mm_hashes", {}).items()
-    }
+    check_parity(renderer, messages, replica, **options)
 
 
 # -- fixed cases --------------------------------------------------------------------------
@@ -316,6 +215,21 @@ def test_placeholders_go_before_the_text_unless_interleaved(renderer: Any) -> No
         ),
         renderer.render_cmpl([to_vllm(record)])[0],
     )
+
+
+@pytest.mark.parametrize("suffix", sorted(VIDEO_FORMATS))
+@pytest.mark.parametrize("inline", [True, False], ids=["data_url", "file"])
+def test_a_video_file_renders_through_vllms_video_loader(
+    renderer: Any, media_dir: Path, suffix: str, inline: bool
+) -> None:
+    # vLLM decodes it with OpenCV (pinned); its key is the file bytes' key, in the record too.
+    url = (
+        f"data:{VIDEO_FORMATS[suffix][1]};base64,{{clip1.{suffix}}}"
+        if inline
+        else f"file://{{media_dir}}/clip1.{suffix}"
+    )
+    messages = [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": url}}, "describe"]}]
+    assert check_parity(renderer, _resolved(messages, media_dir), 1, chat_template=TEMPLATE) == "rendered"
 
 
 def test_tool_calls_and_names_reach_the_template(renderer: Any) -> None:
@@ -351,11 +265,6 @@ def test_tool_calls_and_names_reach_the_template(renderer: Any) -> None:
         ),
         ({"type": "file", "file": {}}, InvalidPromptError, "Unsupported chat content part type: 'file'"),
         ({"type": "image_embeds", "image_embeds": "AAAA"}, InvalidPromptError, "enable-mm-embeds"),
-        (
-            {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
-            OmniRequestsError,
-            "vLLM refuses it",
-        ),
         (
             {"type": "prompt_embeds", "data": "AAAA"},
             InvalidPromptError,
