@@ -175,7 +175,7 @@ def chat_to_prompt(
     '<|user|>\\n<audio>\\ntranscribe\\n<|assistant|>\\n'
     >>> (uuid,), ((samples, rate),) = p.multi_modal_uuids["audio"], p.multi_modal_data["audio"]
     >>> uuid, rate
-    ('clip-7', 16000.0)
+    ('clip-7', 16000)
     """
     if renderer is not None:
         given = [

@@ -76,8 +76,11 @@ def _readonly(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return array
 
 
-def decode_wav(data: bytes) -> tuple[np.ndarray[Any, Any], float]:
+def decode_wav(data: bytes) -> tuple[np.ndarray[Any, Any], int]:
     """PCM WAV bytes as ``(float32 mono samples in [-1, 1), sampling rate)``, like vLLM's loader.
+
+    The rate is an int, as vLLM's soundfile path returns it, so an item decoded here has
+    the key of the same clip decoded by vLLM.
 
     Channels are averaged to mono. 8-bit (unsigned), 16-, 24- and 32-bit (signed)
     samples are read; compressed or floating-point WAV is not (``wave`` refuses it).
@@ -104,7 +107,7 @@ def decode_wav(data: bytes) -> tuple[np.ndarray[Any, Any], float]:
         raise MediaLoadError("$", f"unsupported WAV sample width of {width} bytes")
     if channels > 1:
         samples = samples.reshape(-1, channels).mean(axis=1, dtype=np.float32)
-    return _readonly(np.ascontiguousarray(samples, dtype=np.float32)), float(rate)
+    return _readonly(np.ascontiguousarray(samples, dtype=np.float32)), int(rate)
 
 
 def _check_pixels(data: bytes, max_pixels: int) -> None:

@@ -50,7 +50,7 @@ from _chat_parity import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_requests import InvalidPromptError
+from omni_requests import InvalidPromptError, MediaHasher
 from omni_requests_omni import MediaLoadError, chat_to_prompt, decode_wav
 
 pytestmark = pytest.mark.vllm
@@ -328,6 +328,8 @@ def test_the_fallback_wav_decoder_decodes_like_vllms_audio_io(subtype: str, chan
     soundfile.write(buffer, wave, 22050, format="WAV", subtype=subtype)
     ours, our_rate = decode_wav(buffer.getvalue())
     theirs, their_rate = AudioMediaIO().load_bytes(buffer.getvalue())
-    assert our_rate == their_rate == 22050
+    assert our_rate == their_rate == 22050 and type(our_rate) is type(their_rate)
     assert ours.dtype == theirs.dtype == np.float32
     np.testing.assert_array_equal(ours, theirs)
+    hasher = MediaHasher("any-model")  # so a clip has one key whichever decoder read it
+    assert hasher.key("audio", (ours, our_rate)) == hasher.key("audio", (theirs, their_rate))
