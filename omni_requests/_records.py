@@ -152,6 +152,17 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
             raise InvalidPromptError(
                 where, "is None; give an item or a list of items (an item may be None if it has a UUID)"
             )
+        if modality in _VISUAL_AUDIO and isinstance(data, Mapping):
+            # vLLM reads a dict here as the model's embedding fields for the whole modality
+            # (image_embeds with image_grid_thw, say), split into items by the model's own
+            # rules; a record keeps a list of items, so it would hand vLLM another input.
+            raise PromptTypeError(
+                where,
+                f"a dict is vLLM's form for a model's {modality} embedding fields (e.g. "
+                "image_embeds with image_grid_thw), split into items by the model; "
+                "records do not carry that form: give a list of items (embeddings as a tensor "
+                "per item, where the model takes them)",
+            )
         if _ndim(data) == 0:  # vLLM would iterate over it and fail
             raise PromptTypeError(where, f"a 0-d {type_name(data)} is neither an item nor a list of items")
         # A pvector is a list of items already (a record's own); anything else is read

@@ -46,6 +46,19 @@ def test_single_item_and_bare_string_uuid_equal_the_list_forms() -> None:
     assert single == listed
 
 
+@pytest.mark.parametrize("modality", ["image", "video", "audio"])
+def test_a_dict_of_embedding_fields_for_a_whole_modality_is_refused(modality: str) -> None:
+    # vLLM splits such a dict into items by the model's own rules; a record holds a list
+    # of items and would hand the engine [dict], another input.
+    fields = {f"{modality}_embeds": np.zeros((4, 8), np.float32), "image_grid_thw": np.array([[1, 2, 2]])}
+    with pytest.raises(PromptTypeError, match="embedding fields") as caught:
+        TextPrompt(prompt="x", multi_modal_data={modality: fields})
+    assert caught.value.path == f"$.multi_modal_data.{modality}"
+    # A modality vLLM has no dict form for keeps a mapping as one item, as before.
+    kept = TextPrompt(prompt="x", multi_modal_data={"motion": fields})
+    assert len(kept.multi_modal_data["motion"]) == 1
+
+
 @pytest.mark.parametrize(
     ("value", "path"),
     [
