@@ -231,6 +231,13 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
             return frozen_void
         return value
     kind = media_kind(value)
+    if (kind is MediaKind.SEQUENCE or kind is MediaKind.MAPPING) and (
+        is_torch_tensor(value) or is_pil_image(value)
+    ):
+        # vLLM's hasher reads it as the image or tensor, our walks as the container.
+        raise PromptTypeError(
+            path, f"{type_name(value)} is both a container and an image or tensor; give one or the other"
+        )
     if kind is MediaKind.ARRAY:
         array: np.ndarray[Any, Any] = value  # type: ignore[assignment]
         if array.dtype.hasobject:

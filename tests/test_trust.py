@@ -13,6 +13,7 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -515,3 +516,25 @@ def test_a_tensor_written_where_its_version_counter_cannot_see_gets_a_new_key() 
         assert key == _truth("image", again.clone())
     assert tensor._version == version  # torch saw none of the writes
     assert len(set(keys)) == 3
+
+
+class _ImageMap(Image.Image, Mapping):  # type: ignore[misc]
+    def __getitem__(self, key: str) -> object:
+        raise KeyError(key)
+
+    def __iter__(self) -> Any:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def test_an_image_that_is_also_a_container_is_refused_by_name() -> None:
+    # vLLM's hasher reads it as an image; the record's walks would read it as an empty
+    # mapping and send the engine {} (or key two such images alike).
+    image = _ImageMap()
+    image.im = Image.new("RGB", (2, 2)).im
+    image._mode, image._size = "RGB", (2, 2)
+    with pytest.raises(PromptTypeError, match="both a container and an image") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"image": [image]})
+    assert caught.value.path == "$.multi_modal_data.image[0]"

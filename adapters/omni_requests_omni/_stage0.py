@@ -245,7 +245,10 @@ def scope_stage0(
     beyond the call. A record handed back is rendered later by ``to_vllm``, outside the
     call: an array's key is cached (its bytes cannot change) but a PIL image or a
     tensor is hashed again there, since it may have changed since. Pass
-    ``as_dicts=True`` where the dicts go straight to the engine.
+    ``as_dicts=True`` where the dicts go straight to the engine. A PIL image or tensor
+    in a dict is the caller's own object, handed on: changed during the call (by the
+    policy, or by another thread) or after it, before the engine has read it, it goes
+    out under the key of what it held when routing read it (``docs/security.md``).
 
     >>> import numpy as np
     >>> from omni_requests import MediaHasher
@@ -260,6 +263,8 @@ def scope_stage0(
         raise PromptTypeError("pool", f"must be a Stage0Pool, got {type_name(pool)}")
     if not isinstance(hasher, MediaHasher):
         raise PromptTypeError("hasher", f"must be a MediaHasher, got {type_name(hasher)}")
+    if not isinstance(as_dicts, bool):
+        raise PromptTypeError("as_dicts", f"must be a bool, got {type_name(as_dicts)}")
     passed = Stage0Result(None, prompts)
     if pool.is_diffusion or len(pool.replicas) <= 1:
         return passed

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omni_requests import KeyPolicy, MediaHasher, TextPrompt, scope_to_replica
+from omni_requests import KeyPolicy, MediaHasher, PromptTypeError, TextPrompt, scope_to_replica
 from omni_requests_omni import (
     CacheAffinity,
     RouteRequest,
@@ -245,3 +245,11 @@ def test_the_installed_scoping_hashes_each_item_once_per_request(shape: str) -> 
             assert _same(sent, _expected(record, replica))
     finally:
         installed.uninstall()
+
+
+@pytest.mark.parametrize("flag", ["false", 1, None])
+def test_as_dicts_must_be_a_bool(flag: object) -> None:
+    prompt = {"prompt": "<image>", "multi_modal_data": {"image": np.zeros((2, 2, 3), np.uint8)}}
+    with pytest.raises(PromptTypeError, match="must be a bool") as caught:
+        scope_stage0(prompt, pool=Stage0Pool(replicas=2, select=lambda _: 1), hasher=PLAIN, as_dicts=flag)  # type: ignore[call-overload]
+    assert caught.value.path == "as_dicts"

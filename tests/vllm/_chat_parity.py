@@ -178,8 +178,6 @@ def check_parity(renderer: Any, messages: list[dict[str, Any]], replica: int, **
         return "refused"
     _note("both render")
     _note("media: " + (", ".join(sorted(expected.get("mm_hashes") or {})) or "none"))
-    if not expected.get("mm_hashes"):
-        print("DBGNONE", str(messages)[:600])
     record, got = library_chat(renderer, messages, **options)
     assert messages == pristine  # vLLM parses tool-call arguments in place; the library copies first
     assert_same_rendering(expected, got)
