@@ -15,6 +15,9 @@ helper threads, no Pillow internals, one image-sized copy, the same digests. Lik
 pyrsistent's ``PYRSISTENT_NO_C_EXTENSION``, it is for a Pillow or a platform where the
 fast road misbehaves, and for comparing the two.
 
+**A busy server.** When a step of the fast road waited for the GIL (another thread busy
+in Python), images take Pillow's one-piece road for the next second (:func:`pixels`).
+
 **Interrupts.** An exception (a signal's ``KeyboardInterrupt``, say) may land in the
 calling thread between any two steps of a hand-over with a helper. Whatever the step,
 the helper is told that no more bands come and it goes back to being idle: the calling
@@ -58,6 +61,9 @@ _SLOTS: Final = 3
 # thread is busy in Python, and each further release of the GIL could cost a switch
 # interval (5 ms), so the rest of the image is fed in one piece (see _fed, _rgb_overlapped).
 _GIL_WAIT: Final = 0.002
+# After such a wait, images take Pillow's one-piece road for this long (see pixels): where
+# a thread stays busy in Python, that road releases the GIL once per image, as vLLM does.
+_CONTENDED_FOR: Final = 1.0
 # Image modes whose packed pixels are known to be what ``np.asarray(image)`` holds (tested):
 # every mode records handle.
 _STREAMED_MODES: Final = frozenset(IMAGE_MODES)
@@ -80,6 +86,13 @@ def _handover(point: str) -> None:
 
 # Where the roads read the time (a seam for tests, which make a step look slow with it).
 _clock: Callable[[], float] = time.perf_counter
+# Until when (on _clock) images take the one-piece road: set by the last wait for the GIL.
+_contended_until = 0.0
+
+
+def _waited_for_the_gil() -> None:
+    global _contended_until
+    _contended_until = _clock() + _CONTENDED_FOR
 
 
 class Pixels(NamedTuple):
@@ -94,8 +107,16 @@ class Pixels(NamedTuple):
 
 
 def pixels(image: Any) -> Pixels:
-    """dtype, shape and byte count of ``np.asarray(image)``, and a feeder of its bytes."""
-    streamed = _streamed_pixels(image) if ENABLED and image.mode in _STREAMED_MODES else None
+    """dtype, shape and byte count of ``np.asarray(image)``, and a feeder of its bytes.
+
+    For ``_CONTENDED_FOR`` seconds after a step of the fast road waited for the GIL (another
+    thread busy in Python), images take Pillow's one-piece road instead: one image-sized
+    copy with the GIL held, then one update that releases it once, as vLLM's hasher does.
+    The fast road's steps each release it, and each release can cost a switch interval.
+    The first image after that time takes the fast road again, and finds out.
+    """
+    fast = ENABLED and image.mode in _STREAMED_MODES and _clock() >= _contended_until
+    streamed = _streamed_pixels(image) if fast else None
     if streamed is not None:
         return streamed
     interface = image.__array_interface__
@@ -123,7 +144,8 @@ def _fed(chunks: Iterable[bytes], update: Update) -> int:
         fed += len(chunk)
         if clock() - started > _GIL_WAIT:
             rest = b"".join(remaining)
-            if rest:
+            if rest:  # a chunk of several took long: a wait, not the size of one piece
+                _waited_for_the_gil()
                 update(rest)
             return fed + len(rest)
     return fed
@@ -226,6 +248,7 @@ def _rgb_overlapped(image: Any, update: Update) -> int:
                 free.put(slot)
             fed += size
             if clock() - started > _GIL_WAIT and fed < width * height * 3:
+                _waited_for_the_gil()
                 full.put(None)  # no more slots: the helper hashes its last ones meanwhile
                 _handover("end of bands told")
                 rest = _packed_rest(image, fed // (width * 3))

@@ -39,3 +39,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def long(request: pytest.FixtureRequest) -> bool:
     return long_runs(request.config)
+
+
+@pytest.fixture(autouse=True)
+def _fast_image_road() -> None:
+    """Each test starts on the fast image road: a wait for the GIL that an earlier test
+    met (a loaded CI machine) would otherwise send its images down the one-piece road."""
+    from omni_requests import _image_road
+
+    _image_road._contended_until = 0.0

@@ -363,6 +363,47 @@ def test_after_a_slow_band_the_rest_of_a_large_image_is_hashed_in_one_piece(
     assert recorder.digest.hexdigest() == blake3(image.tobytes()).hexdigest()
 
 
+def test_after_a_wait_for_the_gil_images_take_the_one_piece_road_for_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    image = _image("RGB", LARGE)
+    nbytes = 2001 * 1401 * 3
+    expected = blake3(image.tobytes()).hexdigest()
+    assert road._band_packing_works()  # checked now, so only the image's bands are counted
+    packed = record_calls(monkeypatch, road, "_pack_rgbx", 1)
+    real = road._pack_rgbx
+    clock = _Clock()
+
+    def slow_first(out: Any, pixels: Any) -> None:
+        real(out, pixels)
+        if len(packed) == 1:
+            clock.jump()
+
+    monkeypatch.setattr(road, "_pack_rgbx", slow_first)
+    monkeypatch.setattr(road, "_clock", clock)
+    first = _Recorder()
+    assert road.pixels(image).feed(first.update) == nbytes
+    assert len(first.sizes) == 2  # one band, then the rest in one piece
+    until = road._contended_until
+    assert until == clock.now + road._CONTENDED_FOR
+
+    # Within _CONTENDED_FOR: Pillow's one-piece road, one update, no bands packed.
+    bands_before = len(packed)
+    clock.now += road._CONTENDED_FOR / 2
+    contended = _Recorder(clock, slow_at=1)  # its one update looks slow too: not a wait
+    assert road.pixels(image).feed(contended.update) == nbytes
+    assert contended.sizes == [nbytes] and len(packed) == bands_before
+    assert contended.digest.hexdigest() == expected
+    assert road._contended_until == until  # one piece taking long is no wait: not renewed
+
+    # Later (the one-piece road did not renew the time): the fast road again.
+    clock.now += road._CONTENDED_FOR
+    later = _Recorder()
+    assert road.pixels(image).feed(later.update) == nbytes
+    assert len(later.sizes) > 2 and len(packed) > bands_before
+    assert later.digest.hexdigest() == expected
+
+
 def _key_in_a_child(queue: Any) -> None:
     queue.put(MediaHasher("/m").key("image", _image("RGB", LARGE)))
 
