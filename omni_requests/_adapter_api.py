@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from ._embedding_fields import is_embedding_modality, merge_embedding_fields
 from ._errors import type_name
 from ._keys import check_index
 from ._media import is_pil_image, is_torch_tensor, thaw
@@ -22,9 +23,11 @@ __all__ = [
     "SINGLE_KINDS",
     "check_index",
     "derived",
+    "is_embedding_modality",
     "is_pil_image",
     "is_torch_tensor",
     "media_rows",
+    "merge_embedding_fields",
     "one_request",
     "thaw",
     "type_name",

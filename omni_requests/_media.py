@@ -18,6 +18,7 @@ from typing import Any, Final, TypeVar
 import numpy as np
 from pyrsistent import PMap, PVector, pmap, pvector
 
+from ._embedding_fields import EmbeddingFields
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._media_bytes import freeze_media_with_bytes, is_media_with_bytes
 
@@ -223,6 +224,10 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
         return None
     if isinstance(value, _SCALARS):  # before numpy scalars: np.float64 and np.str_ are these too
         return _exact_scalar(value, path)
+    if isinstance(value, EmbeddingFields):  # checked when built; only a whole item
+        if depth:
+            raise PromptTypeError(path, "EmbeddingFields is a whole item of a modality, never part of one")
+        return value
     if isinstance(value, np.generic):
         if value.dtype.hasobject or value.dtype.itemsize == 0:
             raise PromptTypeError(path, f"numpy scalars of dtype {value.dtype} cannot be hashed")

@@ -18,6 +18,7 @@ import attrs
 import numpy as np
 from pyrsistent import PMap, PVector, pvector
 
+from ._embedding_fields import EmbeddingFields, check_embedding_items
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import MediaHasher, _exif_image_id
 from ._keys import Scope, looks_scoped, reserved_prefix
@@ -152,7 +153,9 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
             raise InvalidPromptError(
                 where, "is None; give an item or a list of items (an item may be None if it has a UUID)"
             )
-        if modality in _VISUAL_AUDIO and isinstance(data, Mapping):
+        if isinstance(data, EmbeddingFields):
+            data = [data]  # one item of vLLM's dict form (see _embedding_fields)
+        elif modality in _VISUAL_AUDIO and isinstance(data, Mapping):
             # vLLM reads a dict here as the model's embedding fields for the whole modality
             # (image_embeds with image_grid_thw, say), split into items by the model's own
             # rules; a record keeps a list of items, so it would hand vLLM another input.
@@ -160,7 +163,8 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
                 where,
                 f"a dict is vLLM's form for a model's {modality} embedding fields (e.g. "
                 "image_embeds with image_grid_thw), split into items by the model; "
-                "records do not carry that form: give a list of items (embeddings as a tensor "
+                "records carry that form as one EmbeddingFields per item (built by the adapter's "
+                "chat path from vLLM's parser), or give a list of items (embeddings as a tensor "
                 "per item, where the model takes them)",
             )
         if _ndim(data) == 0:  # vLLM would iterate over it and fail
@@ -178,6 +182,11 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
                         "a number is not an audio item (the engine's list of items would read as one "
                         "waveform); give an array, a list of samples or (array, rate)",
                     )
+        if modality not in _VISUAL_AUDIO and any(isinstance(item, EmbeddingFields) for item in items):
+            raise PromptTypeError(
+                where, "vLLM takes a dict of embedding fields only for image, video and audio"
+            )
+        check_embedding_items(where, list(items))
         frozen[modality] = pvector(freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items))
     return frozen_map(frozen) if frozen else _EMPTY
 
@@ -436,6 +445,8 @@ def values_equal(a: Any, b: Any) -> bool:
             and all(values_equal(x, y) for x, y in zip(a, b, strict=True))
         )
     if kind is MediaKind.MAPPING:
+        if isinstance(a, EmbeddingFields) or isinstance(b, EmbeddingFields):
+            return bool(a == b)  # fields and layout; never equal to a plain mapping
         if isinstance(a, FrozenDict):
             # Ordered, as vLLM hashes it: the same entries in another order make another key.
             return (
@@ -469,6 +480,8 @@ def _summary(value: object) -> str:
         if isinstance(value, tuple):
             return "(" + ", ".join(_summary(v) for v in value) + ("," if len(value) == 1 else "") + ")"
         return "[" + ", ".join(_summary(v) for v in value) + "]"  # type: ignore[attr-defined]
+    if isinstance(value, EmbeddingFields):
+        return repr(value)
     if kind is MediaKind.MAPPING:
         return "{" + ", ".join(f"{k!r}: {_summary(v)}" for k, v in value.items()) + "}"  # type: ignore[attr-defined]
     return repr(value)

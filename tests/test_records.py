@@ -12,10 +12,12 @@ from PIL import Image
 from pyrsistent import PMap, PVector, pvector
 
 from omni_requests import (
+    EmbeddingFields,
     EmbedsPrompt,
     EncoderDecoderPrompt,
     FrozenDict,
     InvalidPromptError,
+    MediaHasher,
     OmniRequestsError,
     PromptTypeError,
     TextPrompt,
@@ -341,3 +343,169 @@ def test_a_tensor_no_engine_can_key_is_refused_with_our_error() -> None:
     fixed = strided.clone(memory_format=torch.contiguous_format)  # what the message advises
     for fine in (fixed, torch.zeros(4, dtype=torch.bfloat16)[::2], torch.zeros(2)[::2]):
         TextPrompt(prompt="x", multi_modal_data={"image": [fine]})
+
+
+# -- EmbeddingFields: one item of vLLM's dict form of a model's embedding fields --
+
+
+@pytest.fixture
+def torch_module() -> Any:
+    return pytest.importorskip("torch")
+
+
+_LAYOUT = {"image_embeds": "flat", "image_grid_thw": "batched"}
+
+
+def _fields(torch: Any, rows: int, grid: list[int], fill: float = 0.0) -> EmbeddingFields:
+    return EmbeddingFields(
+        {"image_embeds": torch.full((rows, 8), fill), "image_grid_thw": torch.tensor(grid)}, _LAYOUT
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "layout", "path", "error"),
+    [
+        ({"image_embeds": "x"}, {"image_embeds": "flat"}, "$.fields.image_embeds", PromptTypeError),
+        (
+            {"image_embeds": np.zeros((2, 2))},
+            {"image_embeds": "flat"},
+            "$.fields.image_embeds",
+            PromptTypeError,
+        ),
+        ({"image_embeds": None}, {"image_embeds": "flat"}, "$.fields.image_embeds", PromptTypeError),
+        ({"a": "t"}, {"a": "stacked"}, "$.layout.a", InvalidPromptError),
+        ({"a": "t"}, {"b": "batched"}, "$.layout.b", InvalidPromptError),
+        ({"a": "t"}, {}, "$.layout.a", InvalidPromptError),
+        ({"a": "t"}, {"a": "flat:2"}, "$.fields.a", InvalidPromptError),
+        ({}, {}, "$.fields", InvalidPromptError),
+    ],
+)
+def test_embedding_fields_refuse_bad_fields_naming_them(
+    torch_module: Any, fields: dict[str, Any], layout: dict[str, str], path: str, error: type[Exception]
+) -> None:
+    fields = {
+        k: torch_module.zeros(2, 4) if isinstance(v, str) and v == "t" else v for k, v in fields.items()
+    }
+    with pytest.raises(error) as caught:
+        EmbeddingFields(fields, layout)
+    assert caught.value.path == path  # type: ignore[attr-defined]
+
+
+def test_embedding_fields_compare_by_fields_in_order_and_layout(torch_module: Any) -> None:
+    torch = torch_module
+    a = _fields(torch, 4, [1, 4, 4])
+    assert a == _fields(torch, 4, [1, 4, 4]) and hash(a) == hash(_fields(torch, 4, [1, 4, 4]))
+    assert a != _fields(torch, 4, [1, 4, 4], fill=-0.0)  # by bytes, as the hasher sees them
+    assert a != EmbeddingFields(dict(a), {"image_embeds": "flat", "image_grid_thw": "shared"})
+    reordered = EmbeddingFields(
+        {"image_grid_thw": a["image_grid_thw"], "image_embeds": a["image_embeds"]}, _LAYOUT
+    )
+    assert a != reordered  # vLLM hashes the dict in order: another key
+    assert a != dict(a)
+    assert a.layout == {"image_embeds": "flat:0", "image_grid_thw": "batched"}
+    with pytest.raises(AttributeError):
+        a._fields = {}  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(a)) == a
+
+
+def test_records_hold_embedding_fields_items_and_key_them_as_their_dicts(torch_module: Any) -> None:
+    torch = torch_module
+    a, b = _fields(torch, 1, [1, 2, 2], 1.0), _fields(torch, 4, [1, 4, 4], 4.0)
+    record = TextPrompt(
+        prompt="x", multi_modal_data={"image": [a, b]}, multi_modal_uuids={"image": [None, "u"]}
+    )
+    single = TextPrompt(prompt="x", multi_modal_data={"image": a})
+    assert list(single.multi_modal_data["image"]) == [a]
+    hasher = MediaHasher("m")
+    # The item's key is vLLM's key of its dict (what DictEmbeddingItems.get(i) returns).
+    assert hasher.key("image", a) == hasher.key(
+        "image", {"image_embeds": a["image_embeds"], "image_grid_thw": a["image_grid_thw"]}
+    )
+    assert pickle.loads(pickle.dumps(record)) == record
+    assert record != TextPrompt(
+        prompt="x", multi_modal_data={"image": [a, a]}, multi_modal_uuids={"image": [None, "u"]}
+    )
+    assert "EmbeddingFields" in repr(record)
+    replaced = record.replace_media({"image": [b]})
+    assert list(replaced.multi_modal_data["image"]) == [b] and "image" not in replaced.multi_modal_uuids
+    with pytest.raises(InvalidPromptError):  # evolve keeps "u" for an item it was not given with
+        attrs.evolve(record, multi_modal_data={"image": [a, a]})
+
+
+def test_a_modality_of_embedding_fields_is_checked_as_one_mergeable_dict(torch_module: Any) -> None:
+    torch = torch_module
+    a = _fields(torch, 1, [1, 2, 2])
+    cases: list[tuple[Any, str, type[Exception]]] = [
+        ([a, None], "$.multi_modal_data.image[1]", PromptTypeError),
+        ([a, torch.zeros(1, 8)], "$.multi_modal_data.image[1]", PromptTypeError),
+        (
+            [a, EmbeddingFields(dict(a), {"image_embeds": "flat", "image_grid_thw": "shared"})],
+            "$.multi_modal_data.image[1]",
+            InvalidPromptError,
+        ),
+        ([a, _fields(torch, 1, [1, 2])], "$.multi_modal_data.image[1].image_grid_thw", InvalidPromptError),
+        (
+            [
+                a,
+                EmbeddingFields(
+                    {"image_embeds": torch.zeros(1, 9), "image_grid_thw": torch.tensor([1, 2, 2])}, _LAYOUT
+                ),
+            ],
+            "$.multi_modal_data.image[1].image_embeds",
+            InvalidPromptError,
+        ),
+        (
+            [
+                a,
+                EmbeddingFields(
+                    {
+                        "image_embeds": torch.zeros(1, 8, dtype=torch.float16),
+                        "image_grid_thw": torch.tensor([1, 2, 2]),
+                    },
+                    _LAYOUT,
+                ),
+            ],
+            "$.multi_modal_data.image[1].image_embeds",
+            InvalidPromptError,
+        ),
+        ([(a, 1)], "$.multi_modal_data.image[0][0]", PromptTypeError),
+    ]
+    for items, path, error in cases:
+        with pytest.raises(error) as caught:
+            TextPrompt(
+                prompt="x", multi_modal_data={"image": items}, multi_modal_uuids={"image": ["u"] * len(items)}
+            )
+        assert caught.value.path == path, items  # type: ignore[attr-defined]
+    with pytest.raises(PromptTypeError, match="only for image, video and audio") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"motion": [a]})
+    shared = {"s": torch.ones(2)}
+    one = EmbeddingFields({"e": torch.zeros(1, 8), **shared}, {"e": "flat", "s": "shared"})
+    other = EmbeddingFields({"e": torch.zeros(1, 8), "s": torch.zeros(2)}, {"e": "flat", "s": "shared"})
+    with pytest.raises(InvalidPromptError, match="shared field") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"video": [one, other]})
+    assert caught.value.path == "$.multi_modal_data.video[1].s"
+
+
+def test_embedding_fields_render_as_the_one_merged_dict_vllm_takes(torch_module: Any) -> None:
+    torch = torch_module
+    to_vllm = pytest.importorskip("omni_requests_vllm").to_vllm
+    a, b = _fields(torch, 1, [1, 2, 2], 1.0), _fields(torch, 4, [1, 4, 4], 4.0)
+    shared = torch.ones(3)
+    c = EmbeddingFields({"e": torch.zeros(2, 3, 8), "s": shared}, {"e": "flat:1", "s": "shared"})
+    d = EmbeddingFields({"e": torch.ones(2, 1, 8), "s": shared}, {"e": "flat:1", "s": "shared"})
+    record = TextPrompt(prompt="x", multi_modal_data={"image": [a, b], "video": [c, d]})
+    sent = to_vllm(record)["multi_modal_data"]
+    assert list(sent["image"]) == ["image_embeds", "image_grid_thw"]
+    assert sent["image"]["image_embeds"][:, 0].tolist() == [1.0, 4.0, 4.0, 4.0, 4.0]
+    assert sent["image"]["image_grid_thw"].tolist() == [[1, 2, 2], [1, 4, 4]]
+    assert tuple(sent["video"]["e"].shape) == (2, 4, 8) and sent["video"]["s"] is shared
+    assert to_vllm(record)["multi_modal_data"]["image"] is not sent["image"]  # a new dict each call
+
+
+def test_the_wire_format_refuses_embedding_fields_naming_the_item(torch_module: Any) -> None:
+    from omni_requests import wire
+
+    record = TextPrompt(prompt="x", multi_modal_data={"image": _fields(torch_module, 1, [1, 2, 2])})
+    with pytest.raises(PromptTypeError, match="EmbeddingFields has no wire form") as caught:
+        wire.encode(record)
+    assert caught.value.path == "$.multi_modal_data.image[0]"

@@ -149,8 +149,9 @@ def chat_to_prompt(
     (``$.messages[2].content[1]``), vLLM's own message included. Audio parts become the
     waveform vLLM's parser makes of them (resampled to the model's rate), which is what
     vLLM keys. ``image_embeds``/``video_embeds`` given as dicts (with their grid, as
-    Qwen2-VL needs) are refused: vLLM merges them into one dict per modality, which a
-    record, one item per part, cannot send back.
+    Qwen2-VL needs), which vLLM merges into one dict per modality, become the items vLLM's
+    parser splits that dict into (one :class:`~omni_requests.EmbeddingFields` each);
+    ``to_vllm`` merges them back.
 
     **Without vLLM** (no ``renderer``), a small stand-in: ``image_url``, ``input_image``,
     ``video_url``, ``audio_url`` and ``input_audio`` parts are loaded with ``loader``

@@ -10,7 +10,8 @@ prompt to ``process_for_engine`` and turns that prompt into a record instead, so
 Two steps of vLLM's own processing are taken early, so the record's keys are vLLM's:
 chat audio is held as vLLM's parser resamples it (vLLM keys that waveform, not the
 decoded ``(waveform, rate)``), and embeddings given as dicts, which vLLM merges into one
-dict per modality that a record cannot send back, are refused naming the part.
+dict per modality, are held as vLLM's parser splits that dict (one
+:class:`~omni_requests.EmbeddingFields` per item), which ``to_vllm`` merges back.
 
 vLLM is imported only when this runs (the adapter stays importable without it).
 """
@@ -21,7 +22,13 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
-from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError, TokensPrompt
+from omni_requests import (
+    EmbeddingFields,
+    InvalidPromptError,
+    OmniRequestsError,
+    PromptTypeError,
+    TokensPrompt,
+)
 from omni_requests._adapter_api import type_name
 
 from ._loaders import MediaLoadError
@@ -230,8 +237,9 @@ def _as_parsed(renderer: Any, data: Mapping[str, Any], messages: list[dict[str, 
     model's rate and vLLM keys the resampled waveform. The record holds that waveform (a
     1-D array vLLM's parser passes through unchanged), so the record renders the same and
     its key is vLLM's chat key. Embedding parts given as dicts (``image_embeds`` with
-    ``image_grid_thw``) are merged by vLLM into one dict for the whole modality, which a
-    record, one item per part, cannot hand back: refused, naming the first such part.
+    ``image_grid_thw``) are merged by vLLM into one dict for the whole modality; vLLM's
+    parser splits that dict into items by the model's field config, and the record holds
+    those items as :class:`~omni_requests.EmbeddingFields` (see :func:`_embedding_items`).
     """
     paths = _part_paths(messages)
     out = dict(data)
@@ -239,13 +247,13 @@ def _as_parsed(renderer: Any, data: Mapping[str, Any], messages: list[dict[str, 
     for modality, value in data.items():
         where = paths.get(modality, [])
         if isinstance(value, Mapping):
-            raise InvalidPromptError(
-                where[0] if where else _ROOT,
-                f"vLLM merges {modality}_embeds given as dicts (the embeddings with their metadata, "
-                f"e.g. {modality}_grid_thw) into one dict for the whole modality; a record holds one "
-                f"item per part and cannot send that dict back, so this form is not supported "
-                f"(a {modality}_embeds tensor is, where the model takes one)",
-            )
+            try:
+                info = info or renderer.get_mm_processor().info
+                out[modality] = _embedding_items(info, modality, value)
+            except Exception as error:  # vLLM's parser refuses the merged dict (or ours an item)
+                at = where[0] if where else _ROOT
+                raise _refusal(at, _at(messages, at), error) from error
+            continue
         if modality != "audio" or not isinstance(value, list):
             continue
         items: list[object] = []
@@ -261,6 +269,43 @@ def _as_parsed(renderer: Any, data: Mapping[str, Any], messages: list[dict[str, 
             items.append(item)
         out[modality] = items
     return out
+
+
+def _embedding_items(info: Any, modality: str, merged: Mapping[str, Any]) -> list[EmbeddingFields]:
+    """vLLM's items of a modality given as one dict of embedding fields, as records hold them.
+
+    vLLM's own parser (the model's ``DictEmbeddingItems``) splits ``merged``; item ``i`` is
+    its ``get(i)``, the dict vLLM keys, and each field's merge rule is read from the
+    model's field config, so ``to_vllm`` hands back a dict that splits into the same items.
+    """
+    from vllm.multimodal.inputs import MultiModalBatchedField, MultiModalFlatField, MultiModalSharedField
+    from vllm.multimodal.parse import DictEmbeddingItems
+
+    parsed = info.parse_mm_data({modality: dict(merged)}, validate=False)[modality]
+    if not isinstance(parsed, DictEmbeddingItems):
+        raise InvalidPromptError(
+            f"$.multi_modal_data.{modality}",
+            f"vLLM's parser read the dict as {type_name(parsed)}, not as embedding fields",
+        )
+    items: list[EmbeddingFields] = []
+    for i in range(parsed.get_count()):
+        fields: Mapping[str, Any] = parsed.get(i)  # what vLLM hashes for item i (get_item_for_hash)
+        layout: dict[str, str] = {}
+        for name in fields:
+            field = parsed.fields_config[name].field
+            if isinstance(field, MultiModalBatchedField):
+                layout[name] = "batched"
+            elif isinstance(field, MultiModalFlatField):
+                layout[name] = f"flat:{field.dim}"
+            elif isinstance(field, MultiModalSharedField):
+                layout[name] = "shared"
+            else:
+                raise InvalidPromptError(
+                    f"$.multi_modal_data.{modality}.{name}",
+                    f"vLLM's field config gives it {type_name(field)}, whose merge records do not know",
+                )
+        items.append(EmbeddingFields(fields, layout))
+    return items
 
 
 def chat_with_vllm(

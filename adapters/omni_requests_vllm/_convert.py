@@ -24,9 +24,11 @@ from omni_requests import (
 from omni_requests._adapter_api import (
     SINGLE_KINDS,
     derived,
+    is_embedding_modality,
     is_pil_image,
     is_torch_tensor,
     media_rows,
+    merge_embedding_fields,
     thaw,
     type_name,
 )
@@ -150,7 +152,11 @@ def _thawed(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
     data = [(m, items) for m, items, _ in media_rows(prompt) if items is not None]
     if data:
         out["multi_modal_data"] = {
-            m: [item if type(item) in _AS_IS else thaw(item) for item in items] for m, items in data
+            # A modality of EmbeddingFields goes out as the one dict vLLM takes for it.
+            m: merge_embedding_fields(items)
+            if is_embedding_modality(items)
+            else [item if type(item) in _AS_IS else thaw(item) for item in items]
+            for m, items in data
         }
     uuids = rendered_uuids(prompt)
     if uuids is not None:

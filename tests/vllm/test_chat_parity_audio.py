@@ -14,10 +14,12 @@ the message and part (see ``_chat_parity.check_parity``).
 
 Embeddings (``enable_mm_embeds``): a second corpus mixes ``audio_embeds`` parts (torch
 tensors of several lengths, a wrong hidden size, numpy payloads vLLM cannot load, parts with
-only a ``uuid``) with raw audio (which vLLM refuses to mix) on the same property. Qwen2-VL's
-``image_embeds``/``video_embeds`` need their grid as a dict, which vLLM merges into one dict
-for the whole modality and a record cannot send back: the library refuses that, naming the
-part (a known limit, not parity).
+only a ``uuid``) with raw audio (which vLLM refuses to mix) on the same property. A third corpus
+(tiny Qwen2-VL with ``enable_mm_embeds``) sends ``image_embeds``/``video_embeds`` in vLLM's
+dict form, the embeddings with their grid, which vLLM merges into one dict per modality and
+splits into items by the model's field config; the record holds those items
+(:class:`~omni_requests.EmbeddingFields`) and ``to_vllm`` merges them back, on the same
+property.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ from _chat_parity import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_requests import InvalidPromptError, MediaHasher
+from omni_requests import EmbeddingFields, InvalidPromptError, MediaHasher
 from omni_requests_omni import MediaLoadError, chat_to_prompt, decode_wav
+from omni_requests_vllm import to_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -284,23 +287,76 @@ def test_mixing_raw_audio_and_embeddings_is_refused_at_the_part_that_mixes(embed
         chat_to_prompt(messages, renderer=embeds_renderer, chat_template=TEMPLATE)
 
 
-@pytest.mark.parametrize("modality", ["image", "video"])
-def test_qwen2_vl_embeddings_with_their_grid_are_refused_naming_the_part(
-    uncached_renderer: Any, modality: str
+# -- Qwen2-VL embeddings in vLLM's dict form ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vl_embeds_renderer(uncached_renderer: Any) -> Any:
+    return uncached_renderer("qwen2_vl", enable_mm_embeds=True)
+
+
+# Grids (t, h, w) of the tiny Qwen2-VL: h*w/4 embedding rows after its 2x2 merge.
+_GRIDS = {"image": [[1, 2, 2], [1, 4, 4], [1, 2, 6]], "video": [[1, 2, 2], [1, 4, 4], [2, 2, 4]]}
+
+
+@st.composite
+def vl_embeds_parts(draw: st.DrawFn, modality: str) -> dict[str, Any]:
+    """An ``image_embeds``/``video_embeds`` part as vLLM's dict form: the embeddings and the grid
+    (a JSON list or a saved tensor), now and then a wrong row count (vLLM refuses it)."""
+    grid = draw(st.sampled_from(_GRIDS[modality]))
+    rows = grid[0] * grid[1] * grid[2] // 4 + draw(st.sampled_from([0] * 12 + [1]))
+    seed = draw(st.integers(0, 3))
+    tensor = torch.randn(rows, HIDDEN_SIZE, generator=torch.Generator().manual_seed(seed * 31 + rows))
+    grid_value: Any = grid if draw(st.booleans()) else _tensor_b64(torch.tensor(grid))
+    embeds = {f"{modality}_embeds": _tensor_b64(tensor), f"{modality}_grid_thw": grid_value}
+    return with_uuid({"type": f"{modality}_embeds", f"{modality}_embeds": embeds}, draw(uuids))
+
+
+@settings(CORPUS_SETTINGS, max_examples=40)
+@given(
+    conversation=conversations(
+        weighted((3, vl_embeds_parts("image")), (2, vl_embeds_parts("video"))), media_last=True
+    ),
+    content_format=st.sampled_from(["string", "openai"]),
+    add_generation_prompt=st.booleans(),
+    replica=st.integers(0, 3),
+)
+def test_generated_qwen2_vl_dict_embeddings_render_like_vllms_own_chat_path(
+    vl_embeds_renderer: Any,
+    conversation: list[dict[str, Any]],
+    content_format: str,
+    add_generation_prompt: bool,
+    replica: int,
 ) -> None:
-    # vLLM takes them (enable_mm_embeds) and merges them into one dict for the whole modality;
-    # a record, one item per part, cannot send that back: refused with the reason, not mis-sent.
-    renderer = uncached_renderer("qwen2_vl", enable_mm_embeds=True)
-    grid = [1, 4, 4]  # 4 tokens after the 2x2 merge
-    embeds = {f"{modality}_embeds": _tensor_b64(torch.zeros(4, HIDDEN_SIZE)), f"{modality}_grid_thw": grid}
-    messages = _one_part({"type": f"{modality}_embeds", f"{modality}_embeds": embeds})
-    if modality == "image":  # vLLM renders it (the video grid of this tiny model differs)
-        assert vllm_chat(renderer, copy.deepcopy(messages), chat_template=TEMPLATE)["mm_hashes"][modality]
-    with pytest.raises(
-        InvalidPromptError,
-        match=rf"^\$\.messages\[2\]\.content\[1\]: vLLM merges {modality}_embeds given as dicts .* not supported",
-    ):
-        chat_to_prompt(messages, renderer=renderer, chat_template=TEMPLATE)
+    check_parity(vl_embeds_renderer, conversation, replica, **_options(content_format, add_generation_prompt))
+
+
+@pytest.mark.parametrize("modality", ["image", "video"])
+def test_qwen2_vl_dict_embeddings_become_vllms_items(vl_embeds_renderer: Any, modality: str) -> None:
+    # Two parts: vLLM merges them into one dict and its parser splits it into two items;
+    # the record holds those items (one EmbeddingFields each) and to_vllm merges them back.
+    parts = [
+        {
+            "type": f"{modality}_embeds",
+            f"{modality}_embeds": {
+                f"{modality}_embeds": _tensor_b64(torch.full((rows, HIDDEN_SIZE), float(rows))),
+                f"{modality}_grid_thw": grid,
+            },
+            "uuid": uuid,
+        }
+        for rows, grid, uuid in [(1, [1, 2, 2], None), (4, [1, 4, 4], "u-two")]
+    ]
+    messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "what is this"}]}]
+    assert check_parity(vl_embeds_renderer, messages, 2, chat_template=TEMPLATE) == "rendered"
+    record = chat_to_prompt(messages, renderer=vl_embeds_renderer, chat_template=TEMPLATE)
+    items = record.multi_modal_data[modality]
+    assert [type(item) for item in items] == [EmbeddingFields, EmbeddingFields]
+    assert [tuple(item[f"{modality}_embeds"].shape) for item in items] == [(1, HIDDEN_SIZE), (4, HIDDEN_SIZE)]
+    assert items[1].layout == {f"{modality}_embeds": "flat:0", f"{modality}_grid_thw": "batched"}
+    assert list(record.multi_modal_uuids[modality]) == [None, "u-two"]
+    merged = to_vllm(record)["multi_modal_data"][modality]
+    assert merged[f"{modality}_grid_thw"].tolist() == [[1, 2, 2], [1, 4, 4]]
+    assert merged[f"{modality}_embeds"][:, 0].tolist() == [1.0, 4.0, 4.0, 4.0, 4.0]
 
 
 def test_a_qwen2_vl_embeddings_tensor_is_refused_naming_the_part(uncached_renderer: Any) -> None:

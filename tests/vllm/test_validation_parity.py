@@ -336,8 +336,8 @@ def non_str_uuid(draw: st.DrawFn, case: Case) -> Outcome:
 def embedding_fields_as_a_dict(draw: st.DrawFn, case: Case) -> Outcome:
     # vLLM's form for a model's embedding fields, split into items by the model. This
     # renderer has --enable-mm-embeds off, so vLLM refuses it too; with it on vLLM takes
-    # it and records still refuse (a record keeps a list of items; the chat path shows
-    # both in tests/vllm/test_chat_parity_audio.py).
+    # it and a plain dict is still refused (only the model splits it into items; records
+    # take its items as EmbeddingFields, built by the chat path: tests/vllm/test_chat_parity_audio.py).
     m = _modality(draw, case)
     case.data[m] = {f"{m}_embeds": torch.zeros(4, 64), "image_grid_thw": torch.tensor([[1, 4, 4]])}
     case.uuids.pop(m, None)
