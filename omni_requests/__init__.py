@@ -6,7 +6,6 @@ boundary. See https://omni-requests.readthedocs.io (``docs/``) for the guide.
 """
 
 from . import _pydantic  # noqa: F401 - records as pydantic fields; imports no pydantic
-from ._embedding_fields import EmbeddingFields
 from ._errors import InvalidPromptError, OmniRequestsError, PromptTypeError
 from ._hashing import HashAlgorithm, MediaHasher
 from ._keys import KeyOrigin, KeyPolicy, MediaKey, Scope
@@ -22,7 +21,6 @@ from ._records import (
 from ._scoping import media_keys, rendered_uuids, scope_to_replica
 
 __all__ = [
-    "EmbeddingFields",
     "EmbedsPrompt",
     "EncoderDecoderPrompt",
     "FrozenDict",

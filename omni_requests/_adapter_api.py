@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ._embedding_fields import is_embedding_modality, merge_embedding_fields
+from ._embedding_fields import EmbeddingFields, is_embedding_modality, merge_embedding_fields
 from ._errors import type_name
 from ._keys import check_index
 from ._media import is_pil_image, is_torch_tensor, thaw
@@ -20,6 +20,7 @@ from ._records import SINGLE_KINDS, MediaRow, SinglePrompt
 from ._scoping import one_request
 
 __all__ = [
+    "EmbeddingFields",
     "SINGLE_KINDS",
     "check_index",
     "derived",

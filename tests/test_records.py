@@ -12,7 +12,6 @@ from PIL import Image
 from pyrsistent import PMap, PVector, pvector
 
 from omni_requests import (
-    EmbeddingFields,
     EmbedsPrompt,
     EncoderDecoderPrompt,
     FrozenDict,
@@ -23,6 +22,7 @@ from omni_requests import (
     TextPrompt,
     TokensPrompt,
 )
+from omni_requests._embedding_fields import EmbeddingFields  # private: made by the chat path
 
 from .conftest import video
 

@@ -150,7 +150,7 @@ def chat_to_prompt(
     waveform vLLM's parser makes of them (resampled to the model's rate), which is what
     vLLM keys. ``image_embeds``/``video_embeds`` given as dicts (with their grid, as
     Qwen2-VL needs), which vLLM merges into one dict per modality, become the items vLLM's
-    parser splits that dict into (one :class:`~omni_requests.EmbeddingFields` each);
+    parser splits that dict into (one ``EmbeddingFields`` each);
     ``to_vllm`` merges them back.
 
     **Without vLLM** (no ``renderer``), a small stand-in: ``image_url``, ``input_image``,

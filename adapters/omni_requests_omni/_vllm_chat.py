@@ -11,7 +11,7 @@ Two steps of vLLM's own processing are taken early, so the record's keys are vLL
 chat audio is held as vLLM's parser resamples it (vLLM keys that waveform, not the
 decoded ``(waveform, rate)``), and embeddings given as dicts, which vLLM merges into one
 dict per modality, are held as vLLM's parser splits that dict (one
-:class:`~omni_requests.EmbeddingFields` per item), which ``to_vllm`` merges back.
+``EmbeddingFields`` per item), which ``to_vllm`` merges back.
 
 vLLM is imported only when this runs (the adapter stays importable without it).
 """
@@ -23,13 +23,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from omni_requests import (
-    EmbeddingFields,
     InvalidPromptError,
     OmniRequestsError,
     PromptTypeError,
     TokensPrompt,
 )
-from omni_requests._adapter_api import type_name
+from omni_requests._adapter_api import EmbeddingFields, type_name
 
 from ._loaders import MediaLoadError
 
@@ -239,7 +238,7 @@ def _as_parsed(renderer: Any, data: Mapping[str, Any], messages: list[dict[str, 
     its key is vLLM's chat key. Embedding parts given as dicts (``image_embeds`` with
     ``image_grid_thw``) are merged by vLLM into one dict for the whole modality; vLLM's
     parser splits that dict into items by the model's field config, and the record holds
-    those items as :class:`~omni_requests.EmbeddingFields` (see :func:`_embedding_items`).
+    those items as ``EmbeddingFields`` (see :func:`_embedding_items`).
     """
     paths = _part_paths(messages)
     out = dict(data)

@@ -18,7 +18,7 @@ only a ``uuid``) with raw audio (which vLLM refuses to mix) on the same property
 (tiny Qwen2-VL with ``enable_mm_embeds``) sends ``image_embeds``/``video_embeds`` in vLLM's
 dict form, the embeddings with their grid, which vLLM merges into one dict per modality and
 splits into items by the model's field config; the record holds those items
-(:class:`~omni_requests.EmbeddingFields`) and ``to_vllm`` merges them back, on the same
+(``EmbeddingFields``) and ``to_vllm`` merges them back, on the same
 property.
 """
 
@@ -52,7 +52,8 @@ from _chat_parity import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_requests import EmbeddingFields, InvalidPromptError, MediaHasher
+from omni_requests import InvalidPromptError, MediaHasher
+from omni_requests._embedding_fields import EmbeddingFields
 from omni_requests_omni import MediaLoadError, chat_to_prompt, decode_wav
 from omni_requests_vllm import to_vllm
 
