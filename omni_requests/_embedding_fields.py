@@ -50,7 +50,9 @@ class EmbeddingFields(Mapping[str, Any]):
     adapter's chat path reads both from vLLM's own parser and the model's field config.
 
     It is a read-only mapping of the fields; equal when the fields (by bytes, in order)
-    and the layout are. Tensors are kept as given, like any tensor in a record.
+    and the layout are. Unlike other tensors in a record, the fields are copied when the
+    item is built and handed out as copies: a grid written in place would make vLLM split
+    the merged dict into other items than the record keys.
 
     >>> import torch
     >>> item = EmbeddingFields(
@@ -86,7 +88,9 @@ class EmbeddingFields(Mapping[str, Any]):
             where = f"{path}.{name}"
             if not is_torch_tensor(tensor):
                 raise PromptTypeError(where, f"must be a torch.Tensor, got {type_name(tensor)}")
-            frozen[name] = freeze_media(tensor, where)  # refuses a tensor vLLM cannot hash
+            # Its own copy: a field (the grid above all) decides how vLLM splits the merged
+            # dict, so a write by whoever holds the given tensor must not reach the item.
+            frozen[name] = freeze_media(tensor, where).detach().clone()  # type: ignore[attr-defined]
         rules: dict[str, str] = {}
         for name, rule in layout.items():
             if not isinstance(name, str) or name not in frozen:
@@ -114,7 +118,7 @@ class EmbeddingFields(Mapping[str, Any]):
         return dict(self._layout)
 
     def __getitem__(self, name: str) -> Any:
-        return self._fields[name]
+        return self._fields[name].clone()  # a copy: the item's own tensors never leave it
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._fields)
@@ -155,9 +159,16 @@ def check_embedding_items(path: str, items: list[object]) -> None:
     vLLM could not merge into one dict and split back into the same items."""
     if not any(isinstance(item, EmbeddingFields) for item in items):
         return
+    modality = path.rsplit(".", 1)[-1]
     first: EmbeddingFields | None = None
     for i, item in enumerate(items):
         where = f"{path}[{i}]"
+        if isinstance(item, EmbeddingFields) and f"{modality}_embeds" not in item._fields:
+            raise InvalidPromptError(
+                where,
+                f"holds the fields {list(item._fields)}, not {modality}_embeds: vLLM's parser made "
+                "it for another modality",
+            )
         if not isinstance(item, EmbeddingFields):
             raise PromptTypeError(
                 where,
@@ -195,7 +206,7 @@ def check_embedding_items(path: str, items: list[object]) -> None:
                         f"has shape {tuple(b.shape)}, item 0 has {tuple(a.shape)}; a flat field "
                         f"concatenates along dim {dim} only",
                     )
-            if rule == "shared" and item[name] is not first[name] and not _equal(a, b):
+            if rule == "shared" and not _equal(a, b):
                 raise InvalidPromptError(
                     f"{where}.{name}", "differs from item 0's; a shared field has one value for all items"
                 )
@@ -213,8 +224,8 @@ def is_embedding_modality(items: object) -> bool:
 
 
 def merge_embedding_fields(items: list[EmbeddingFields] | tuple[EmbeddingFields, ...]) -> dict[str, Any]:
-    """The one dict vLLM takes for a modality whose items are ``items`` (a new dict and new
-    tensors each call, except that one item's flat and shared fields are its own tensors)."""
+    """The one dict vLLM takes for a modality whose items are ``items``: a new dict of new
+    tensors each call, so no holder of it can write into the items."""
     torch = sys.modules["torch"]  # the items hold tensors: torch is imported
     first = items[0]
     merged: dict[str, Any] = {}
@@ -222,8 +233,8 @@ def merge_embedding_fields(items: list[EmbeddingFields] | tuple[EmbeddingFields,
         values = [item._fields[name] for item in items]
         if rule == "batched":
             merged[name] = torch.stack(values)
-        elif rule == "shared":
-            merged[name] = values[0]
+        elif rule == "shared" or len(values) == 1:
+            merged[name] = values[0].clone()  # never the item's own tensor
         else:
-            merged[name] = values[0] if len(values) == 1 else torch.cat(values, dim=int(rule[5:]))
+            merged[name] = torch.cat(values, dim=int(rule[5:]))
     return merged

@@ -479,11 +479,15 @@ def test_a_modality_of_embedding_fields_is_checked_as_one_mergeable_dict(torch_m
     with pytest.raises(PromptTypeError, match="only for image, video and audio") as caught:
         TextPrompt(prompt="x", multi_modal_data={"motion": [a]})
     shared = {"s": torch.ones(2)}
-    one = EmbeddingFields({"e": torch.zeros(1, 8), **shared}, {"e": "flat", "s": "shared"})
-    other = EmbeddingFields({"e": torch.zeros(1, 8), "s": torch.zeros(2)}, {"e": "flat", "s": "shared"})
+    rules = {"video_embeds": "flat", "s": "shared"}
+    one = EmbeddingFields({"video_embeds": torch.zeros(1, 8), **shared}, rules)
+    other = EmbeddingFields({"video_embeds": torch.zeros(1, 8), "s": torch.zeros(2)}, rules)
     with pytest.raises(InvalidPromptError, match="shared field") as caught:
         TextPrompt(prompt="x", multi_modal_data={"video": [one, other]})
     assert caught.value.path == "$.multi_modal_data.video[1].s"
+    with pytest.raises(InvalidPromptError, match="not audio_embeds") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"audio": [one]})  # made for another modality
+    assert caught.value.path == "$.multi_modal_data.audio[0]"
 
 
 def test_embedding_fields_render_as_the_one_merged_dict_vllm_takes(torch_module: Any) -> None:
@@ -491,14 +495,16 @@ def test_embedding_fields_render_as_the_one_merged_dict_vllm_takes(torch_module:
     to_vllm = pytest.importorskip("omni_requests_vllm").to_vllm
     a, b = _fields(torch, 1, [1, 2, 2], 1.0), _fields(torch, 4, [1, 4, 4], 4.0)
     shared = torch.ones(3)
-    c = EmbeddingFields({"e": torch.zeros(2, 3, 8), "s": shared}, {"e": "flat:1", "s": "shared"})
-    d = EmbeddingFields({"e": torch.ones(2, 1, 8), "s": shared}, {"e": "flat:1", "s": "shared"})
+    rules = {"video_embeds": "flat:1", "s": "shared"}
+    c = EmbeddingFields({"video_embeds": torch.zeros(2, 3, 8), "s": shared}, rules)
+    d = EmbeddingFields({"video_embeds": torch.ones(2, 1, 8), "s": shared}, rules)
     record = TextPrompt(prompt="x", multi_modal_data={"image": [a, b], "video": [c, d]})
     sent = to_vllm(record)["multi_modal_data"]
     assert list(sent["image"]) == ["image_embeds", "image_grid_thw"]
     assert sent["image"]["image_embeds"][:, 0].tolist() == [1.0, 4.0, 4.0, 4.0, 4.0]
     assert sent["image"]["image_grid_thw"].tolist() == [[1, 2, 2], [1, 4, 4]]
-    assert tuple(sent["video"]["e"].shape) == (2, 4, 8) and sent["video"]["s"] is shared
+    assert tuple(sent["video"]["video_embeds"].shape) == (2, 4, 8)
+    assert sent["video"]["s"].tolist() == shared.tolist() and sent["video"]["s"] is not shared  # copies
     assert to_vllm(record)["multi_modal_data"]["image"] is not sent["image"]  # a new dict each call
 
 

@@ -44,6 +44,7 @@ from _chat_parity import (
     TEMPLATE,
     check_parity,
     conversations,
+    hasher_of,
     uuids,
     vllm_chat,
     weighted,
@@ -52,7 +53,7 @@ from _chat_parity import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_requests import InvalidPromptError, MediaHasher
+from omni_requests import InvalidPromptError, MediaHasher, scope_to_replica
 from omni_requests._embedding_fields import EmbeddingFields
 from omni_requests_omni import MediaLoadError, chat_to_prompt, decode_wav
 from omni_requests_vllm import to_vllm
@@ -358,6 +359,57 @@ def test_qwen2_vl_dict_embeddings_become_vllms_items(vl_embeds_renderer: Any, mo
     merged = to_vllm(record)["multi_modal_data"][modality]
     assert merged[f"{modality}_grid_thw"].tolist() == [[1, 2, 2], [1, 4, 4]]
     assert merged[f"{modality}_embeds"][:, 0].tolist() == [1.0, 4.0, 4.0, 4.0, 4.0]
+
+
+def test_writes_into_an_items_grid_or_the_callers_tensors_cannot_stale_its_keys(
+    vl_embeds_renderer: Any,
+) -> None:
+    # A grid decides how vLLM splits the merged dict into items: written in place, the
+    # record's keys would name other items than vLLM processes (one request could then
+    # fill another's key). The items own copies and hand out copies.
+    grid, embeds = torch.tensor([1, 4, 4]), torch.randn(4, HIDDEN_SIZE)
+    parts = [
+        {"type": "image_embeds", "image_embeds": {"image_embeds": embeds, "image_grid_thw": grid}},
+        {
+            "type": "image_embeds",
+            "image_embeds": {"image_embeds": torch.randn(1, HIDDEN_SIZE), "image_grid_thw": [1, 2, 2]},
+        },
+    ]
+    messages = [{"role": "user", "content": [*parts, {"type": "text", "text": "what"}]}]
+    record = chat_to_prompt(messages, renderer=vl_embeds_renderer, chat_template=TEMPLATE)
+    items = record.multi_modal_data["image"]
+    items[0]["image_grid_thw"].copy_(torch.tensor([1, 2, 2]))
+    items[1]["image_grid_thw"].copy_(torch.tensor([1, 4, 4]))
+    grid[1] = 2
+    embeds.zero_()
+    sent = to_vllm(record)["multi_modal_data"]["image"]
+    sent["image_grid_thw"].zero_()  # a holder of the engine's dict cannot reach the items either
+    (engine_input,) = vl_embeds_renderer.render_cmpl([to_vllm(record)])
+    scoped = to_vllm(scope_to_replica(record, 1, hasher=hasher_of(vl_embeds_renderer)))
+    assert scoped["multi_modal_uuids"]["image"] == [
+        f"stage0:rep1:{k}" for k in engine_input["mm_hashes"]["image"]
+    ]
+    assert [item["image_grid_thw"].tolist() for item in items] == [[1, 4, 4], [1, 2, 2]]
+
+
+@pytest.mark.parametrize("modality", ["image", "video"])
+def test_embedding_items_moved_to_another_modality_are_refused_by_name(
+    vl_embeds_renderer: Any, modality: str
+) -> None:
+    part = {
+        "type": f"{modality}_embeds",
+        f"{modality}_embeds": {
+            f"{modality}_embeds": torch.randn(1, HIDDEN_SIZE),
+            f"{modality}_grid_thw": [1, 2, 2],
+        },
+    }
+    record = chat_to_prompt(
+        [{"role": "user", "content": [part]}], renderer=vl_embeds_renderer, chat_template=TEMPLATE
+    )
+    other = "video" if modality == "image" else "image"
+    with pytest.raises(InvalidPromptError, match=f"not {other}_embeds") as caught:
+        record.replace_media({other: list(record.multi_modal_data[modality]), modality: None})
+    assert caught.value.path == f"$.multi_modal_data.{other}[0]"
 
 
 def test_a_qwen2_vl_embeddings_tensor_is_refused_naming_the_part(uncached_renderer: Any) -> None:
