@@ -154,12 +154,11 @@ class EmbeddingFields(Mapping[str, Any]):
         return (type(self), (dict(self._fields), dict(self._layout)))
 
 
-def check_embedding_items(path: str, items: list[object]) -> None:
+def check_embedding_items(path: str, modality: str, items: list[object]) -> None:
     """Refuse a modality that mixes :class:`EmbeddingFields` with other items, or whose items
     vLLM could not merge into one dict and split back into the same items."""
     if not any(isinstance(item, EmbeddingFields) for item in items):
         return
-    modality = path.rsplit(".", 1)[-1]
     first: EmbeddingFields | None = None
     for i, item in enumerate(items):
         where = f"{path}[{i}]"

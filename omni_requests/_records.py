@@ -186,7 +186,7 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
             raise PromptTypeError(
                 where, "vLLM takes a dict of embedding fields only for image, video and audio"
             )
-        check_embedding_items(where, list(items))
+        check_embedding_items(where, modality, list(items))
         frozen[modality] = pvector(freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items))
     return frozen_map(frozen) if frozen else _EMPTY
 
