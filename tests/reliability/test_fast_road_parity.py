@@ -317,6 +317,22 @@ class _Recorder:
             self._clock.jump()  # as long as getting the GIL back can take
 
 
+def _slow_band(monkeypatch: pytest.MonkeyPatch, at: int) -> tuple[list[object], _Clock]:
+    """Record the bands packed, and make packing band ``at`` look as if it waited for the GIL."""
+    packed = record_calls(monkeypatch, road, "_pack_rgbx", 1)
+    real = road._pack_rgbx
+    clock = _Clock()
+
+    def slow_at(out: Any, pixels: Any) -> None:
+        real(out, pixels)
+        if len(packed) == at:
+            clock.jump()
+
+    monkeypatch.setattr(road, "_pack_rgbx", slow_at)
+    monkeypatch.setattr(road, "_clock", clock)
+    return packed, clock
+
+
 def test_after_a_slow_update_the_rest_of_an_image_is_hashed_in_one_piece(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -343,18 +359,7 @@ def test_after_a_slow_band_the_rest_of_a_large_image_is_hashed_in_one_piece(
     assert road._band_packing_works()  # checked now, so only the image's bands are counted
     if not helped:
         monkeypatch.setattr(road._HELPERS, "run", lambda work: None)
-    packed = record_calls(monkeypatch, road, "_pack_rgbx", 1)
-    real = road._pack_rgbx
-
-    clock = _Clock()
-
-    def slow_third(out: Any, pixels: Any) -> None:
-        real(out, pixels)
-        if len(packed) == 3:
-            clock.jump()
-
-    monkeypatch.setattr(road, "_pack_rgbx", slow_third)
-    monkeypatch.setattr(road, "_clock", clock)
+    _slow_band(monkeypatch, 3)
     recorder = _Recorder()
     assert road.pixels(image).feed(recorder.update) == 2001 * 1401 * 3
     *bands, rest = recorder.sizes
@@ -370,17 +375,7 @@ def test_after_a_wait_for_the_gil_images_take_the_one_piece_road_for_a_while(
     nbytes = 2001 * 1401 * 3
     expected = blake3(image.tobytes()).hexdigest()
     assert road._band_packing_works()  # checked now, so only the image's bands are counted
-    packed = record_calls(monkeypatch, road, "_pack_rgbx", 1)
-    real = road._pack_rgbx
-    clock = _Clock()
-
-    def slow_first(out: Any, pixels: Any) -> None:
-        real(out, pixels)
-        if len(packed) == 1:
-            clock.jump()
-
-    monkeypatch.setattr(road, "_pack_rgbx", slow_first)
-    monkeypatch.setattr(road, "_clock", clock)
+    packed, clock = _slow_band(monkeypatch, 1)
     first = _Recorder()
     assert road.pixels(image).feed(first.update) == nbytes
     assert len(first.sizes) == 2  # one band, then the rest in one piece

@@ -189,3 +189,27 @@ def check_parity(renderer: Any, messages: list[dict[str, Any]], replica: int, **
         for modality, keys in expected.get("mm_hashes", {}).items()
     }
     return "rendered"
+
+
+RENDERINGS: dict[str, st.SearchStrategy[Any]] = {
+    "content_format": st.sampled_from(["string", "openai"]),
+    "add_generation_prompt": st.booleans(),
+    "replica": st.integers(0, 3),
+}
+"""What every generated corpus draws besides its conversation: ``@given(..., **RENDERINGS)``."""
+
+
+def check_rendering(
+    renderer: Any,
+    messages: list[dict[str, Any]],
+    content_format: str,
+    add_generation_prompt: bool,
+    replica: int,
+) -> str:
+    """:func:`check_parity` with the template and the options a corpus drew (``RENDERINGS``)."""
+    options = {
+        "chat_template": TEMPLATE,
+        "chat_template_content_format": content_format,
+        "add_generation_prompt": add_generation_prompt,
+    }
+    return check_parity(renderer, messages, replica, **options)

@@ -30,9 +30,11 @@ import cv2
 import numpy as np
 from _chat_parity import (
     CORPUS_SETTINGS,
+    RENDERINGS,
     TEMPLATE,
     assert_same_rendering,
     check_parity,
+    check_rendering,
     uuids,
     vllm_chat,
     with_uuid,
@@ -165,9 +167,7 @@ def _resolved(messages: list[dict[str, Any]], media_dir: Path) -> list[dict[str,
 @settings(CORPUS_SETTINGS, max_examples=25)
 @given(
     conversation=conversations(),
-    content_format=st.sampled_from(["string", "openai"]),
-    add_generation_prompt=st.booleans(),
-    replica=st.integers(0, 3),
+    **RENDERINGS,
 )
 def test_generated_conversations_render_like_vllms_own_chat_path(
     renderer: Any,
@@ -177,13 +177,9 @@ def test_generated_conversations_render_like_vllms_own_chat_path(
     add_generation_prompt: bool,
     replica: int,
 ) -> None:
-    messages = _resolved(conversation, media_dir)
-    options = {
-        "chat_template": TEMPLATE,
-        "chat_template_content_format": content_format,
-        "add_generation_prompt": add_generation_prompt,
-    }
-    check_parity(renderer, messages, replica, **options)
+    check_rendering(
+        renderer, _resolved(conversation, media_dir), content_format, add_generation_prompt, replica
+    )
 
 
 # -- fixed cases --------------------------------------------------------------------------

@@ -41,8 +41,10 @@ import soundfile
 import torch
 from _chat_parity import (
     CORPUS_SETTINGS,
+    RENDERINGS,
     TEMPLATE,
     check_parity,
+    check_rendering,
     conversations,
     hasher_of,
     uuids,
@@ -175,20 +177,10 @@ def _resolved(messages: list[dict[str, Any]], audio_dir: Path) -> list[dict[str,
     return out
 
 
-def _options(content_format: str, add_generation_prompt: bool) -> dict[str, Any]:
-    return {
-        "chat_template": TEMPLATE,
-        "chat_template_content_format": content_format,
-        "add_generation_prompt": add_generation_prompt,
-    }
-
-
 @settings(CORPUS_SETTINGS, max_examples=60)
 @given(
     conversation=conversations(weighted((9, audio_parts()), (1, audio_embeds_parts())), media_last=True),
-    content_format=st.sampled_from(["string", "openai"]),
-    add_generation_prompt=st.booleans(),
-    replica=st.integers(0, 3),
+    **RENDERINGS,
 )
 def test_generated_audio_conversations_render_like_vllms_own_chat_path(
     audio_renderer: Any,
@@ -198,16 +190,15 @@ def test_generated_audio_conversations_render_like_vllms_own_chat_path(
     add_generation_prompt: bool,
     replica: int,
 ) -> None:
-    messages = _resolved(conversation, audio_dir)
-    check_parity(audio_renderer, messages, replica, **_options(content_format, add_generation_prompt))
+    check_rendering(
+        audio_renderer, _resolved(conversation, audio_dir), content_format, add_generation_prompt, replica
+    )
 
 
 @settings(CORPUS_SETTINGS, max_examples=40)
 @given(
     conversation=conversations(weighted((4, audio_embeds_parts()), (1, audio_parts())), media_last=True),
-    content_format=st.sampled_from(["string", "openai"]),
-    add_generation_prompt=st.booleans(),
-    replica=st.integers(0, 3),
+    **RENDERINGS,
 )
 def test_generated_embedding_conversations_render_like_vllms_own_chat_path(
     embeds_renderer: Any,
@@ -217,8 +208,9 @@ def test_generated_embedding_conversations_render_like_vllms_own_chat_path(
     add_generation_prompt: bool,
     replica: int,
 ) -> None:
-    messages = _resolved(conversation, audio_dir)
-    check_parity(embeds_renderer, messages, replica, **_options(content_format, add_generation_prompt))
+    check_rendering(
+        embeds_renderer, _resolved(conversation, audio_dir), content_format, add_generation_prompt, replica
+    )
 
 
 # -- fixed cases --------------------------------------------------------------------------
@@ -319,9 +311,7 @@ def vl_embeds_parts(draw: st.DrawFn, modality: str) -> dict[str, Any]:
     conversation=conversations(
         weighted((3, vl_embeds_parts("image")), (2, vl_embeds_parts("video"))), media_last=True
     ),
-    content_format=st.sampled_from(["string", "openai"]),
-    add_generation_prompt=st.booleans(),
-    replica=st.integers(0, 3),
+    **RENDERINGS,
 )
 def test_generated_qwen2_vl_dict_embeddings_render_like_vllms_own_chat_path(
     vl_embeds_renderer: Any,
@@ -330,7 +320,7 @@ def test_generated_qwen2_vl_dict_embeddings_render_like_vllms_own_chat_path(
     add_generation_prompt: bool,
     replica: int,
 ) -> None:
-    check_parity(vl_embeds_renderer, conversation, replica, **_options(content_format, add_generation_prompt))
+    check_rendering(vl_embeds_renderer, conversation, content_format, add_generation_prompt, replica)
 
 
 @pytest.mark.parametrize("modality", ["image", "video"])
