@@ -16,6 +16,7 @@ same process, as a server's event loop would be. Without vLLM the suite reports 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -101,20 +102,12 @@ def run(quick: bool) -> list[Row]:
     for label, modality, make, nbytes in _kinds(quick):
         renderer = renderers["qwen2_audio" if modality == "audio" else "qwen2_vl"]
         for busy in (False,) if quick else (False, True):
-            with _thread_busy_in_python() if busy else _idle():
+            with _thread_busy_in_python() if busy else contextlib.nullcontext():
                 rows += _reuse(renderer, label, modality, prompts[modality], make, nbytes, busy, quick, fresh)
                 rows += _first_use(
                     renderer, label, modality, prompts[modality], make, nbytes, busy, quick, fresh
                 )
     return rows
-
-
-class _idle:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        return None
 
 
 def _reuse(
