@@ -173,6 +173,21 @@ def test_records_through_the_live_engine(
     assert [key.split(":", 2)[2] for (key,) in sent_keys] == [hasher.key("video", video(s)) for s in range(4)]
 
 
+def _video_then_cached_follow_up(uuid: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A prompt with video 4 under ``uuid``, and a follow-up naming it by ``uuid`` alone (cached only)."""
+    first = {
+        "prompt": prompt(),
+        "multi_modal_data": {"video": video(4)},
+        "multi_modal_uuids": {"video": uuid},
+    }
+    follow_up = {
+        "prompt": prompt(),
+        "multi_modal_data": {"video": [None]},
+        "multi_modal_uuids": {"video": [uuid]},
+    }
+    return first, follow_up
+
+
 def test_cache_affinity_sends_a_cached_only_follow_up_where_its_item_is(
     install: Callable[..., Stage0Scoping],
     generate: Callable[[Any], Answer],
@@ -181,16 +196,7 @@ def test_cache_affinity_sends_a_cached_only_follow_up_where_its_item_is(
 ) -> None:
     install(balancer=Stage0Balancer(CacheAffinity()))
     home = CacheAffinity()(RouteRequest(None, [0, 1], ["clip-4"]))
-    first = {
-        "prompt": prompt(),
-        "multi_modal_data": {"video": video(4)},
-        "multi_modal_uuids": {"video": "clip-4"},
-    }
-    follow_up = {
-        "prompt": prompt(),
-        "multi_modal_data": {"video": [None]},
-        "multi_modal_uuids": {"video": ["clip-4"]},
-    }
+    first, follow_up = _video_then_cached_follow_up("clip-4")
     assert generate(first) == references[4]
     assert generate(follow_up) == references[4]  # served from the replica's cache
     assert sent_keys == [[f"stage0:rep{home}:clip-4"]] * 2
@@ -214,16 +220,7 @@ def test_round_robin_sends_the_follow_up_elsewhere_and_it_fails(
             return index
 
     install(balancer=Recording())
-    first = {
-        "prompt": prompt(),
-        "multi_modal_data": {"video": video(4)},
-        "multi_modal_uuids": {"video": "clip-rr"},
-    }
-    follow_up = {
-        "prompt": prompt(),
-        "multi_modal_data": {"video": [None]},
-        "multi_modal_uuids": {"video": ["clip-rr"]},
-    }
+    first, follow_up = _video_then_cached_follow_up("clip-rr")
     assert generate(first) == references[4]
     # Through the engine itself: Omni.generate closes the whole engine on any error.
     params = omni.resolve_sampling_params_list(None)
