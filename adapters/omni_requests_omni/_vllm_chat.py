@@ -143,9 +143,11 @@ def _chat_params(
     )
 
 
-def _refusal(where: str, part: object, error: BaseException) -> OmniRequestsError:
+def _refusal(messages: list[dict[str, Any]], where: str, error: BaseException) -> OmniRequestsError:
     """vLLM's refusal of the part (or message) at ``where`` as our error, its message kept."""
     from vllm.exceptions import VLLMValidationError
+
+    part = _at(messages, where)
 
     text = f"vLLM refuses it: {type(error).__name__}: {error}"
     if isinstance(error, OmniRequestsError):
@@ -251,7 +253,7 @@ def _as_parsed(renderer: Any, data: Mapping[str, Any], messages: list[dict[str, 
                 out[modality] = _embedding_items(info, modality, value)
             except Exception as error:  # vLLM's parser refuses the merged dict (or ours an item)
                 at = where[0] if where else _ROOT
-                raise _refusal(at, _at(messages, at), error) from error
+                raise _refusal(messages, at, error) from error
             continue
         if modality != "audio" or not isinstance(value, list):
             continue
@@ -264,7 +266,7 @@ def _as_parsed(renderer: Any, data: Mapping[str, Any], messages: list[dict[str, 
                     (item,) = parsed[modality].get_all_items_for_hash()
                 except Exception as error:  # vLLM's parser refuses in many ways (no resampler, ...)
                     at = where[i] if i < len(where) else _ROOT
-                    raise _refusal(at, _at(messages, at), error) from error
+                    raise _refusal(messages, at, error) from error
             items.append(item)
         out[modality] = items
     return out
@@ -349,7 +351,7 @@ def chat_with_vllm(
         (tokens,) = renderer.tokenize_prompts([prompt], tok_params)
     except Exception as error:  # vLLM refuses with many kinds; each is named below
         where = _locate(renderer, checked, params)
-        raise _refusal(where, _at(checked, where), error) from error
+        raise _refusal(checked, where, error) from error
     if "prompt_token_ids" not in tokens or "_prompt_embeds" in tokens:
         raise InvalidPromptError(
             _ROOT, "vLLM rendered this chat to prompt embeddings, which records do not carry"
