@@ -18,6 +18,7 @@ from ._keys import check_index
 from ._media import is_pil_image, is_torch_tensor, thaw
 from ._records import SINGLE_KINDS, MediaRow, SinglePrompt
 from ._scoping import one_request
+from ._sealed import seal_of, unsealed
 
 __all__ = [
     "EmbeddingFields",
@@ -30,8 +31,10 @@ __all__ = [
     "media_rows",
     "merge_embedding_fields",
     "one_request",
+    "seal_of",
     "thaw",
     "type_name",
+    "unsealed",
 ]
 
 _T = TypeVar("_T")

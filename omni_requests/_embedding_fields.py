@@ -69,7 +69,7 @@ class EmbeddingFields(Mapping[str, Any]):
     _layout: dict[str, str]
 
     def __init__(self, fields: Mapping[str, Any], layout: Mapping[str, str]) -> None:
-        from ._media import check_text, freeze_media, is_torch_tensor
+        from ._media import check_hashable_tensor, check_text, is_torch_tensor
 
         path = "$.fields"
         if not isinstance(fields, Mapping):
@@ -90,7 +90,8 @@ class EmbeddingFields(Mapping[str, Any]):
                 raise PromptTypeError(where, f"must be a torch.Tensor, got {type_name(tensor)}")
             # Its own copy: a field (the grid above all) decides how vLLM splits the merged
             # dict, so a write by whoever holds the given tensor must not reach the item.
-            frozen[name] = freeze_media(tensor, where).detach().clone()  # type: ignore[attr-defined]
+            check_hashable_tensor(tensor, where)
+            frozen[name] = tensor.detach().clone()
         rules: dict[str, str] = {}
         for name, rule in layout.items():
             if not isinstance(name, str) or name not in frozen:

@@ -40,6 +40,7 @@ from ._media import (
     media_kind,
 )
 from ._media_bytes import feed_media_with_bytes, is_media_with_bytes
+from ._sealed import Seal, current, seal_of
 
 __all__ = ["HashAlgorithm", "MediaHasher"]
 
@@ -121,9 +122,9 @@ def _leaf(update: _Update, value: object) -> None:
     elif isinstance(value, np.ndarray):
         _ndarray_subclass(update, value)
     elif is_pil_image(value):
-        _pil_image(update, value)
+        _pil_image(update, current(value))  # a record's view: the bytes it sealed
     elif is_torch_tensor(value):
-        _tensor(update, value)
+        _tensor(update, current(value))
     else:
         # vLLM pickles what it has no rule for (numpy scalars, a palette's bytearray);
         # records refuse such values in media, so this serves bare hasher calls.
@@ -312,6 +313,7 @@ def _sample_spans(count: int, per: int) -> list[tuple[int, int]]:
 
 
 def _fingerprint_leaf(update: _Update, value: object) -> None:
+    value = current(value)  # a record's view: the bytes it sealed
     media: Any = value
     kind = media_kind(value)
     if isinstance(value, (bytes, memoryview)):
@@ -482,6 +484,9 @@ class MediaHasher:
     def _content_key(self, modality: str, item: object) -> str:
         # content_key for a modality already checked (a record's): on every render's path.
         if modality == "image" and is_pil_image(item):
+            seal = seal_of(item)
+            if seal is not None:  # parsed once, from the seal, and cached by it
+                return self._cached_by_seal(modality, seal)
             # Modes Pillow cannot flatten to RGB (e.g. "La") vLLM cannot parse either:
             # those images are hashed as given.
             with contextlib.suppress(ValueError):
@@ -524,6 +529,17 @@ class MediaHasher:
         if digest is None:
             digest = compute(modality, item)
             _CACHE.put(cache_key, digest, leaves)
+        return digest
+
+    def _cached_by_seal(self, modality: str, seal: Seal) -> str:
+        cache_key = ("content", self.algorithm, self.model_id, modality, ("sealed", id(seal)))
+        digest = _CACHE.get(cache_key)
+        if digest is None:
+            image = seal.handout()
+            with contextlib.suppress(ValueError):
+                image = _as_vllm_parses_image(image)
+            digest = self._digest(modality, image)
+            _CACHE.put(cache_key, digest, [seal])
         return digest
 
     def _new_hasher(self, nbytes: int) -> Any:

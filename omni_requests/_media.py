@@ -11,7 +11,6 @@ import enum
 import pickle
 import struct
 import sys
-import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeVar
 
@@ -20,7 +19,9 @@ from pyrsistent import PMap, PVector, pmap, pvector
 
 from ._embedding_fields import EmbeddingFields
 from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._identity import IdentityMap
 from ._media_bytes import freeze_media_with_bytes, is_media_with_bytes
+from ._sealed import current, seal_image, seal_of, seal_tensor
 
 __all__ = ["FrozenDict"]
 
@@ -218,7 +219,9 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
     """Freeze one media item (or part of one); raise on types vLLM cannot hash faithfully.
 
     Arrays become immutable (:func:`immutable_array`: a copy unless already backed by
-    ``bytes``), so a key computed once stays the key of the bytes the engine gets.
+    ``bytes``), and images and tensors are sealed (see ``_sealed``: the record keeps a
+    copy no one can change and hands out fresh ones), so a key computed once stays the
+    key of the bytes the engine gets.
     """
     if value is None:
         return None
@@ -251,10 +254,10 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
             raise PromptTypeError(path, f"arrays of dtype {array.dtype} hold no bytes to key")
         return immutable_array(array)
     if kind is MediaKind.TENSOR:
-        _check_hashable_tensor(value, path)
-        return value
+        check_hashable_tensor(value, path)
+        return seal_tensor(value)
     if kind is MediaKind.IMAGE:
-        return value
+        return seal_image(value)
     if isinstance(value, memoryview):
         return value.tobytes()
     if depth >= MAX_DEPTH:
@@ -271,7 +274,7 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
     )
 
 
-def _check_hashable_tensor(tensor: Any, path: str) -> None:
+def check_hashable_tensor(tensor: Any, path: str) -> None:
     # vLLM hashes a tensor through tensor.detach().cpu().numpy(): a tensor numpy cannot
     # view (conjugate or negative bit set, sparse, nested, quantized, meta, a dtype numpy
     # lacks) has no key in vLLM either. Refuse it here, with our error, not torch's.
@@ -364,14 +367,15 @@ def _freeze_mapping(value: Mapping[Any, Any], path: str, freeze: Any, depth: int
 
 
 def thaw(value: object) -> Any:
-    """The plain shape vLLM expects: lists, dicts and tuples; arrays stay read-only views."""
+    """The plain shape vLLM expects: lists, dicts and tuples; arrays stay read-only views,
+    and a sealed image or tensor is a fresh hand-out of what the record sealed."""
     if isinstance(value, PVector):
         return [thaw(v) for v in value]
     if isinstance(value, (FrozenDict, PMap)):
         return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, tuple):
         return tuple(thaw(v) for v in value)
-    return value
+    return current(value)
 
 
 # The maps records built, by identity, each with a plain dict of its items in the order
@@ -379,20 +383,7 @@ def thaw(value: object) -> Any:
 # code (about 0.3-0.8 us a time) and scoped copies of a template share its maps, so the
 # render path reads this dict instead. Being here also means "checked and frozen": a record
 # given another record's map takes it as is. An entry leaves with its map.
-class _MapRef(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference that knows its entry's key: one shared callback, no closure each."""
-
-    __slots__ = ("key",)
-    key: int
-
-
-def _drop_map(ref: _MapRef) -> None:
-    entry = _FROZEN_MAPS.get(ref.key)
-    if entry is not None and entry[0] is ref:
-        del _FROZEN_MAPS[ref.key]
-
-
-_FROZEN_MAPS: dict[int, tuple[_MapRef, dict[Any, Any]]] = {}
+_FROZEN_MAPS: Final[IdentityMap[dict[Any, Any]]] = IdentityMap()
 
 
 def frozen_map(items: dict[_K, _V]) -> PMap[_K, _V]:
@@ -401,27 +392,21 @@ def frozen_map(items: dict[_K, _V]) -> PMap[_K, _V]:
     ``items`` is kept, so the caller must not change it afterwards.
     """
     value: PMap[_K, _V] = pmap(items)
-    key = id(value)
-    entry = _FROZEN_MAPS.get(key)
-    if entry is None or entry[0]() is not value:
-        ref = _MapRef(value, _drop_map)
-        ref.key = key
-        # The callback runs before the map's memory (and so its id) can be reused.
-        _FROZEN_MAPS[key] = (ref, items)
+    if _FROZEN_MAPS.get(value) is None:
+        _FROZEN_MAPS.put(value, items)
     return value
 
 
 def is_frozen_map(value: object) -> bool:
     """True for a map :func:`frozen_map` built (so already checked and frozen)."""
-    entry = _FROZEN_MAPS.get(id(value))
-    return entry is not None and entry[0]() is value
+    return _FROZEN_MAPS.get(value) is not None
 
 
 def plain_map(value: PMap[_K, _V]) -> Mapping[_K, _V]:
     """``value``'s items as a plain ``dict``, in the order the record was given them. Read only."""
-    entry = _FROZEN_MAPS.get(id(value))
-    if entry is not None and entry[0]() is value:
-        return entry[1]
+    items = _FROZEN_MAPS.get(value)
+    if items is not None:
+        return items
     return dict(value.items())  # not a record's map: read it, without keeping a copy
 
 
@@ -431,9 +416,15 @@ def immutable_token(value: object, leaves: list[object]) -> object | None:
     Equal tokens mean equal keys: a token tells apart at least what the hash does
     (``0.0`` from ``-0.0``; numpy scalars by their pickle, as vLLM hashes them). Only
     exact built-in types count; arrays only when :func:`is_immutable_array`, by identity,
-    collected in ``leaves`` so a cache can drop the entry when one dies. Tensors and PIL
-    images can be changed by whoever holds them: never cached.
+    collected in ``leaves`` so a cache can drop the entry when one dies. A record's view
+    of a sealed image or tensor counts by its seal (whatever its holder did to the view,
+    the record keys and sends the seal's bytes); other tensors and PIL images can be
+    changed by whoever holds them: never cached.
     """
+    seal = seal_of(value)
+    if seal is not None:
+        leaves.append(seal)
+        return ("sealed", id(seal))
     kind = type(value)
     if value is None or kind is str or kind is bytes or kind is int or kind is bool:
         return (kind, value)

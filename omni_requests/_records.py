@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import operator
 import types
-import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Self, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Self, TypeAlias, TypeGuard
 
 import attrs
 import numpy as np
@@ -21,6 +20,7 @@ from pyrsistent import PMap, PVector, pvector
 from ._embedding_fields import EmbeddingFields, check_embedding_items
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._hashing import MediaHasher, _exif_image_id
+from ._identity import IdentityMap
 from ._keys import Scope, looks_scoped, reserved_prefix
 from ._media import (
     FrozenDict,
@@ -37,6 +37,7 @@ from ._media import (
     tensor_bytes,
     thaw,
 )
+from ._sealed import current
 
 __all__ = [
     "EmbedsPrompt",
@@ -169,6 +170,11 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
             )
         if _ndim(data) == 0:  # vLLM would iterate over it and fail
             raise PromptTypeError(where, f"a 0-d {type_name(data)} is neither an item nor a list of items")
+        if _is_own_vector(data, modality):
+            # A record's own items, checked and frozen (replace_media keeps them): frozen
+            # again, its sealed images and tensors would be copied and keyed anew.
+            frozen[modality] = data
+            continue
         # A pvector is a list of items already (a record's own); anything else is read
         # the way vLLM reads it, so single items and lists give the same record.
         items = data if isinstance(data, PVector) else _split_items(modality, data)
@@ -187,8 +193,20 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
                 where, "vLLM takes a dict of embedding fields only for image, video and audio"
             )
         check_embedding_items(where, modality, list(items))
-        frozen[modality] = pvector(freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items))
+        vector = frozen[modality] = pvector(
+            freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items)
+        )
+        _OWN_VECTORS.put(vector, modality)
     return frozen_map(frozen) if frozen else _EMPTY
+
+
+# The item lists records froze, by identity, with their modality: a list found here holds
+# a record's own items, frozen and checked for that modality.
+_OWN_VECTORS: Final[IdentityMap[str]] = IdentityMap()
+
+
+def _is_own_vector(value: object, modality: str) -> TypeGuard[PVector[Any]]:
+    return _OWN_VECTORS.get(value) == modality
 
 
 def _check_video_items(where: str, items: Sequence[object], *, given_as_items: bool) -> None:
@@ -422,6 +440,8 @@ def values_equal(a: Any, b: Any) -> bool:
     kind = media_kind(a)
     if kind is not media_kind(b):
         return False
+    if kind is MediaKind.IMAGE or kind is MediaKind.TENSOR:
+        a, b = current(a), current(b)  # a record's view: the bytes it sealed
     if kind is MediaKind.ARRAY:
         return bool(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
     if kind is MediaKind.TENSOR:
@@ -620,7 +640,7 @@ class _Prompt(_Derived):
 
 # The items each record's UUID map was first given with, by the map's identity, so a map
 # taken from one record (attrs.evolve keeps it) cannot key another record's new items.
-_UUID_PAIRS: dict[int, tuple[weakref.ref[Any], tuple[tuple[str, tuple[Any, ...] | None], ...]]] = {}
+_UUID_PAIRS: Final[IdentityMap[tuple[tuple[str, tuple[Any, ...] | None], ...]]] = IdentityMap()
 
 
 # Keys media as vLLM's parser sees them, to tell whether two items are the same media.
@@ -646,13 +666,11 @@ def _check_uuids_name_their_items(uuids: MediaUUIDs, view: tuple[MediaRow, ...])
     items), then by their keys (equal media in new objects, such as a file loaded again).
     """
     pairs = tuple((m, items) for m, items, given in view if given is not None)
-    key = id(uuids)
-    entry = _UUID_PAIRS.get(key)
-    if entry is None or entry[0]() is not uuids:
-        ref = weakref.ref(uuids, lambda _, key=key: _UUID_PAIRS.pop(key, None))  # type: ignore[misc]
-        _UUID_PAIRS[key] = (ref, pairs)
+    first = _UUID_PAIRS.get(uuids)
+    if first is None:
+        _UUID_PAIRS.put(uuids, pairs)
         return
-    before = dict(entry[1])
+    before = dict(first)
     for modality, items, given in view:
         if given is None:
             continue

@@ -65,6 +65,7 @@ from ._media import (  # the caller's modality order: a PMap iterates in its own
     is_torch_tensor,
     plain_map,
 )
+from ._sealed import current
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -285,9 +286,9 @@ def _value_tree(value: Any, path: str) -> Any:
         dtype = _wire_dtype(value.dtype, path)
         return [_TAGS[_SCALAR], dtype.str, value.tobytes()]
     if is_torch_tensor(value):
-        return _tensor_tree(value, path)
+        return _tensor_tree(current(value), path)  # a record's view: the bytes it sealed
     if is_pil_image(value):
-        return _image_tree(value, path)
+        return _image_tree(current(value), path)
     raise PromptTypeError(
         path,
         f"{_name(value)} has no wire form; values may be None, bool, int, float, str, bytes, lists, "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import ClassVar
+
 import numpy as np
 import pytest
 
@@ -34,3 +37,17 @@ def record_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, argu
 
     monkeypatch.setattr(owner, name, recording)
     return seen
+
+
+class CountingHasher(MediaHasher):
+    """A MediaHasher that counts the digests it computes (a cache hit computes none).
+
+    Counts are per class, across instances: reset ``computed`` before counting.
+    """
+
+    computed: ClassVar[Counter[str]] = Counter()
+
+    def _digest(self, modality: str, item: object) -> str:
+        digest = super()._digest(modality, item)
+        CountingHasher.computed[digest] += 1
+        return digest

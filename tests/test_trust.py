@@ -488,9 +488,11 @@ def test_tensors_vllm_cannot_hash_are_refused_at_construction() -> None:
 # -- what no key cache may trust: why images and tensors are hashed afresh (F2) --
 
 
-def test_an_image_written_in_place_behind_its_read_only_flag_gets_a_new_key() -> None:
+def test_an_image_written_behind_its_read_only_flag_never_reaches_the_record() -> None:
     # Pillow's copy-on-write flag guards paste, putpixel and ImageDraw, but Image.frombytes
     # writes into the same core, and anyone may reset the flag: no cache can rest on it.
+    # So a record seals its own copy and hands out fresh images: what the engine's dict
+    # carries may be written by anyone, and the next dict carries the sealed pixels again.
     image = Image.fromarray(np.random.default_rng(5).integers(0, 256, (8, 8, 3), dtype=np.uint8))
     image.readonly = 1
     record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"image": image}), 0, hasher=HASHER)
@@ -499,23 +501,24 @@ def test_an_image_written_in_place_behind_its_read_only_flag_gets_a_new_key() ->
     sent.frombytes(bytes(8 * 8 * 3))
     assert sent.im is core and sent.readonly  # nothing a cache could check has changed
     key, again = _sent(record, "image")
-    assert key != first
-    assert key == _truth("image", again.copy())
+    assert key == first == _truth("image", Image.Image.copy(again))
+    assert again.tobytes() == image.tobytes() != sent.tobytes()
 
 
-def test_a_tensor_written_where_its_version_counter_cannot_see_gets_a_new_key() -> None:
+def test_a_tensor_written_where_its_version_counter_cannot_see_never_reaches_the_record() -> None:
     torch = pytest.importorskip("torch")
     tensor = torch.arange(48, dtype=torch.float32).reshape(4, 4, 3)
     record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"image": tensor}), 0, hasher=HASHER)
-    keys = [_sent(record, "image")[0]]
-    version = tensor._version
+    first, sent = _sent(record, "image")
+    version = sent._version
     for write in (lambda t: t.numpy().__setitem__(0, -1.0), lambda t: t.data.__setitem__(1, -2.0)):
-        write(_sent(record, "image")[1])
+        write(sent)
+        write(record.multi_modal_data["image"][0])
+        write(tensor)  # the caller's own, after the record sealed its copy
         key, again = _sent(record, "image")
-        keys.append(key)
-        assert key == _truth("image", again.clone())
-    assert tensor._version == version  # torch saw none of the writes
-    assert len(set(keys)) == 3
+        assert key == first == _truth("image", again.clone())
+        assert torch.equal(again, torch.arange(12, dtype=torch.float32).reshape(4, 3))  # row 0: item 0
+    assert sent._version == version  # torch saw none of the writes
 
 
 class _ImageMap(Image.Image, Mapping):  # type: ignore[misc]

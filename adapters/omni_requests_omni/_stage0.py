@@ -25,7 +25,7 @@ from omni_requests import (
     media_keys,
     scope_to_replica,
 )
-from omni_requests._adapter_api import SINGLE_KINDS, check_index, one_request, type_name
+from omni_requests._adapter_api import SINGLE_KINDS, check_index, one_request, type_name, unsealed
 from omni_requests_vllm import from_vllm, to_vllm
 
 from ._routing import RouteRequest, SelectReplica
@@ -147,7 +147,10 @@ class _Request:
                 self.records.append(item)
             elif isinstance(item, Mapping):
                 try:
-                    self.records.append(from_vllm(item))
+                    # A dict comes back as a dict: its record lives only in this call,
+                    # so its images and tensors are the caller's, not sealed copies.
+                    with unsealed():
+                        self.records.append(from_vllm(item))
                 except OmniRequestsError as error:
                     raise error.under(at(i)) from None
             else:
@@ -242,13 +245,11 @@ def scope_stage0(
 
     Each media item is hashed at most once in a call: the keys a policy reads to route
     the request are the ones its dicts are rendered with (``one_request``), never kept
-    beyond the call. A record handed back is rendered later by ``to_vllm``, outside the
-    call: an array's key is cached (its bytes cannot change) but a PIL image or a
-    tensor is hashed again there, since it may have changed since. Pass
-    ``as_dicts=True`` where the dicts go straight to the engine. A PIL image or tensor
-    in a dict is the caller's own object, handed on: changed during the call (by the
-    policy, or by another thread) or after it, before the engine has read it, it goes
-    out under the key of what it held when routing read it (``docs/security.md``).
+    beyond the call. A record's keys are cached across calls (its arrays are
+    immutable, its images and tensors sealed). A PIL image or tensor in a dict is the
+    caller's own object, hashed in each call and handed on: changed during the call (by
+    the policy, or by another thread) or after it, before the engine has read it, it
+    goes out under the key of what it held when routing read it (``docs/security.md``).
 
     >>> import numpy as np
     >>> from omni_requests import MediaHasher

@@ -29,6 +29,7 @@ from omni_requests._adapter_api import (
     is_torch_tensor,
     media_rows,
     merge_embedding_fields,
+    seal_of,
     thaw,
     type_name,
 )
@@ -91,7 +92,8 @@ def to_vllm(prompt: Prompt) -> Any:
 
     Only fields that are set appear. Lists, dicts and tuples are fresh plain objects
     each call, so the engine may change them without reaching the record; arrays are
-    the record's read-only views (no copy), tensors and images the record's own.
+    the record's read-only views (no copy), and images and tensors fresh hand-outs of
+    what the record sealed (copy-on-write views of its bytes; see ``docs/design.md``).
     """
     plan = _PLANS.get(type(prompt))
     if plan is not None:
@@ -118,7 +120,10 @@ def _single_to_vllm(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
     main, data, options = layout
     out: VllmPrompt = {plan[0]: main}
     if data:
-        out["multi_modal_data"] = {m: list(items) for m, items in data}
+        # A record's sealed images and tensors go out as fresh hand-outs (see thaw).
+        out["multi_modal_data"] = {
+            m: [thaw(item) for item in items] if sealed else list(items) for m, items, sealed in data
+        }
     uuids = rendered_uuids(prompt)
     if uuids is not None:
         out["multi_modal_uuids"] = uuids
@@ -129,16 +134,20 @@ def _single_to_vllm(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
 
 _LAYOUT: Final = "omni_requests_vllm.layout"
 _THAW_EACH_TIME: Final = ("thaw each time",)
-_Layout: TypeAlias = "tuple[Any, tuple[tuple[str, tuple[Any, ...]], ...], tuple[tuple[str, Any], ...]]"
+_Layout: TypeAlias = "tuple[Any, tuple[tuple[str, tuple[Any, ...], bool], ...], tuple[tuple[str, Any], ...]]"
 
 
 def _layout(prompt: SinglePrompt, plan: _Plan) -> _Layout | tuple[str]:
     """The values that go out as they are, or a marker: some value is a container, thawed each call."""
     name, options, read_options, _ = plan
     main = getattr(prompt, name)
-    data = tuple((m, items) for m, items, _ in media_rows(prompt) if items is not None)
+    data = tuple(
+        (m, items, any(seal_of(item) is not None for item in items))
+        for m, items, _ in media_rows(prompt)
+        if items is not None
+    )
     given = tuple((n, v) for n, v in zip(options, read_options(prompt), strict=True) if v is not None)
-    values = [main, *(v for _, v in given), *(item for _, items in data for item in items)]
+    values = [main, *(v for _, v in given), *(item for _, items, _ in data for item in items)]
     # thaw() hands tensors and images on as they are too; anything else is a container.
     if not all(type(v) in _AS_IS or is_torch_tensor(v) or is_pil_image(v) for v in values):
         return _THAW_EACH_TIME

@@ -195,12 +195,20 @@ def test_a_subclass_of_a_record_converts_as_its_kind() -> None:
     assert to_vllm(Tagged(prompt="hi", cache_salt="s")) == {"prompt": "hi", "cache_salt": "s"}
 
 
-def test_images_and_tensors_go_out_as_the_records_own_in_new_lists(hasher: MediaHasher) -> None:
+def test_images_and_tensors_go_out_as_fresh_hand_outs_of_what_the_record_sealed(hasher: MediaHasher) -> None:
     torch = pytest.importorskip("torch")
-    image, embeds = Image.new("RGB", (2, 2)), torch.zeros(2, 4)
+    image, embeds = Image.new("RGB", (2, 2), (10, 20, 30)), torch.arange(8.0).reshape(2, 4)
     template = TextPrompt(prompt="x", multi_modal_data={"image": image, "audio": [embeds[0]]})
     first, second = (to_vllm(scope_to_replica(template, 0, hasher=hasher)) for _ in range(2))
-    assert first["multi_modal_data"]["image"][0] is second["multi_modal_data"]["image"][0] is image
-    assert first["multi_modal_data"]["audio"][0] is template.multi_modal_data["audio"][0]
+    images = [out["multi_modal_data"]["image"][0] for out in (first, second)]
+    tensors = [out["multi_modal_data"]["audio"][0] for out in (first, second)]
+    # Never the caller's object, nor the record's own view, nor one another: each
+    # receiver may change its own without reaching the record or the next request.
+    shown = (template.multi_modal_data["image"][0], template.multi_modal_data["audio"][0])
+    assert len({id(x) for x in (image, *images, shown[0])}) == 4
+    assert len({id(x) for x in (embeds, *tensors, shown[1])}) == 4
+    assert all(type(x) is not Image.Image and isinstance(x, Image.Image) for x in images)  # SealedImage
+    assert all(x.tobytes() == image.tobytes() and x.mode == "RGB" for x in images)
+    assert all(type(x) is torch.Tensor and torch.equal(x, embeds[0]) for x in tensors)
     assert first["multi_modal_data"]["image"] is not second["multi_modal_data"]["image"]
     assert first["multi_modal_uuids"] == second["multi_modal_uuids"]

@@ -1,0 +1,409 @@
+"""Sealed media: the pixels of a record's images and tensors, which no one can change.
+
+An array can be made immutable (read-only, backed by ``bytes``; numpy refuses to make it
+writable again), so its key is computed once. A PIL image or a tensor cannot: Pillow's
+read-only flag can be reset and ``Image.frombytes`` writes behind it, and torch's version
+counter misses writes through ``.numpy()`` or ``.data``. So a record does not keep the
+caller's image or tensor. It copies the bytes once, at construction, into a store that
+nothing outside this module can reach, and works from the store only:
+
+* keys and fingerprints are computed from the store and cached by the store's identity;
+* every hand-out to an engine (``to_vllm``, pickling, the wire format) is a fresh image or
+  tensor over the store, which its receiver may change at will.
+
+The record's own item (what ``record.multi_modal_data`` shows) is such a hand-out too,
+registered here as the store's view. Changing it changes that object only: the record
+keys and sends what it sealed.
+
+Large stores live in a sealed ``memfd`` (Linux): the kernel refuses every write to it,
+and each hand-out is a private copy-on-write mapping of it, made in microseconds whatever
+the size, sharing memory until someone writes. Elsewhere, for small items, or once the
+process nears its open-file limit, the store is a ``bytes`` object and each hand-out a
+copy of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import copy
+import copyreg
+import mmap
+import os
+import sys
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Final
+
+from ._identity import IdentityMap
+
+__all__: list[str] = []
+
+# From this many bytes a store is a sealed memfd (when the system has them): below it a
+# copy costs less than the mapping's system calls.
+_MAPPED_FROM: Final = 1 << 20
+# Open files the mapped stores may hold (one each, plus one for each live view or
+# hand-out's mapping), as a share of the process's limit; past it, stores are bytes.
+_FD_SHARE: Final = 4
+# The Pillow modes sealed, with the raw layout a store holds: Pillow keeps RGB as four
+# bytes a pixel, so an RGB store holds RGBX rows (see _layout).
+_IMAGE_LAYOUTS: Final = {"RGB": "RGBX", "RGBA": "RGBA", "L": "L"}
+if sys.platform == "linux":
+    import fcntl
+
+    # Once added, no write, resize or new seal is ever allowed again, by anyone.
+    _SEAL_ALL: Final = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+else:
+    _SEAL_ALL = 0
+
+
+_READ_WRITE: Final = mmap.PROT_READ | mmap.PROT_WRITE
+
+
+# False while building records that never leave the call building them (see unsealed).
+_SEALING: Final = contextvars.ContextVar("omni_requests sealing", default=True)
+
+
+@contextlib.contextmanager
+def unsealed() -> Iterator[None]:
+    """Records built inside keep the caller's images and tensors, unsealed.
+
+    For an adapter's records that live only within one call, rendered there and dropped
+    (``scope_stage0`` of a dict): sealing would copy each item for nothing. Such a
+    record hashes its images and tensors at every render, as a dict's are hashed.
+    """
+    token = _SEALING.set(False)
+    try:
+        yield
+    finally:
+        _SEALING.reset(token)
+
+
+class _Budget:
+    """The open files mapped stores hold now, against their share of the process's limit."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.open = 0
+        try:
+            import resource
+
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            self.limit = (soft if soft != resource.RLIM_INFINITY else 1 << 16) // _FD_SHARE
+        except (ImportError, OSError, ValueError):
+            self.limit = 0
+
+    def take(self) -> bool:
+        with self._lock:
+            if self.open >= self.limit:
+                return False
+            self.open += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.open -= 1
+
+
+_BUDGET: Final = _Budget()
+
+
+def _mapped_store(nbytes: int, fill: Callable[[Any], None]) -> int | None:
+    """A sealed memfd of ``nbytes`` that ``fill`` wrote, or None where the system has none to spare."""
+    if not _SEAL_ALL or nbytes < _MAPPED_FROM or not _BUDGET.take():
+        return None
+    try:
+        fd = os.memfd_create("omni-requests sealed media", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    except OSError:
+        _BUDGET.give_back()
+        return None
+    try:
+        os.ftruncate(fd, nbytes)
+        with mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=_READ_WRITE) as shared:
+            fill(shared)  # its views of the mapping die with it: close() must not find one
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEAL_ALL)
+    except BaseException:
+        os.close(fd)
+        _BUDGET.give_back()
+        raise
+    return fd
+
+
+def _close(fd: int) -> None:
+    os.close(fd)
+    _BUDGET.give_back()
+
+
+class Seal:
+    """One item's sealed bytes and how to hand them out as the image or tensor they were."""
+
+    __slots__ = ("__weakref__", "_bytes", "_fd", "_make", "nbytes")
+
+    def __init__(self, nbytes: int, fill: Callable[[Any], None], make: Callable[[Any, Seal], Any]) -> None:
+        """``fill(buffer)`` writes the item into a writable buffer of ``nbytes``, once;
+        ``make(buffer, seal)`` is a new image or tensor over such a buffer."""
+        self.nbytes = nbytes
+        self._make = make
+        fd = _mapped_store(nbytes, fill)
+        self._fd = fd
+        self._bytes: bytearray | None = None
+        if fd is None:
+            self._bytes = bytearray(nbytes)  # private: only hand-outs' copies leave
+            fill(self._bytes)
+        else:
+            weakref.finalize(self, _close, fd)
+
+    def handout(self) -> Any:
+        """A new image or tensor holding the sealed bytes; its holder may change it freely."""
+        buffer: Any
+        if self._fd is not None:
+            # Private and writable: writes land in pages of this mapping alone.
+            buffer = mmap.mmap(self._fd, self.nbytes, flags=mmap.MAP_PRIVATE, prot=_READ_WRITE)
+        else:
+            buffer = bytearray(self._bytes)  # type: ignore[arg-type]
+        return self._make(buffer, self)
+
+    def untouched(self, buffer: Any) -> bool:
+        """True when no byte of a hand-out's ``buffer`` was written since it was made."""
+        if self._fd is None:
+            return bool(buffer == self._bytes)  # at most _MAPPED_FROM bytes
+        return _no_private_pages(buffer, self.nbytes)
+
+
+_PAGE: Final = mmap.PAGESIZE
+# /proc/self/pagemap flags of a page: in memory, swapped out, a page of the file (or shared).
+_PRESENT: Final = 1 << 63
+_SWAPPED: Final = 1 << 62
+_FILE_PAGE: Final = 1 << 61
+
+
+def _no_private_pages(mapping: mmap.mmap, nbytes: int) -> bool:
+    """True when every page of a private mapping of a sealed memfd is still the memfd's.
+
+    The first write to a page of a private mapping gives the mapping its own copy of that
+    page, an anonymous one: the kernel's page map tells it from the memfd's page, whoever
+    wrote (Pillow, torch, numpy or a raw pointer). A page never read is not in memory
+    yet; it is the memfd's too. Where the page map cannot be read, nothing is untouched.
+    """
+    import ctypes
+
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    pages = -(-nbytes // _PAGE)
+    try:
+        fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        raw = os.pread(fd, pages * 8, address // _PAGE * 8)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if len(raw) != pages * 8:
+        return False
+    import numpy as np
+
+    entries = np.frombuffer(raw, dtype=np.uint64)
+    private = ((entries & _PRESENT) != 0) & ((entries & _FILE_PAGE) == 0)
+    return not (private.any() or ((entries & _SWAPPED) != 0).any())
+
+
+# Each record's view of a seal, by the view's identity. Only this module registers views,
+# so an image or tensor found here is one a record made; an entry leaves with its view.
+_VIEWS: Final[IdentityMap[Seal]] = IdentityMap()
+
+
+def seal_of(value: object) -> Seal | None:
+    """The seal ``value`` is a record's view of, or None."""
+    return _VIEWS.get(value)
+
+
+def current(value: object) -> object:
+    """What the record holds for ``value``: a fresh hand-out of its seal, or ``value`` itself."""
+    seal = _VIEWS.get(value)
+    return value if seal is None else seal.handout()
+
+
+def _register(seal: Seal) -> Any:
+    """A new hand-out of ``seal``, registered as a record's view of it."""
+    view = seal.handout()
+    _VIEWS.put(view, seal)
+    return view
+
+
+# -- images --
+
+
+_SEALED_IMAGE: list[type[Any]] = []
+
+
+def _sealed_image_type() -> type[Any]:
+    """``SealedImage``, made once Pillow is imported (it subclasses ``PIL.Image.Image``)."""
+    if _SEALED_IMAGE:
+        return _SEALED_IMAGE[0]
+    from PIL import Image  # an image exists, so Pillow is imported already
+
+    class SealedImage(Image.Image):
+        """A PIL image over a record's sealed pixels: what records show and hand out.
+
+        It is a plain PIL image to everyone (``isinstance(x, PIL.Image.Image)``), and its
+        holder may change it. Until someone does, :meth:`copy` is another hand-out of the
+        same pixels (a mapping, not a copy of the pixels; vLLM's image parser copies every
+        image it is given), and a record given it takes the same seal (and cached key).
+        It pickles as a plain image.
+        """
+
+        _sealed: tuple[Seal, Any, Any, dict[Any, Any] | None, str, tuple[int, int]]
+
+        def pristine(self) -> bool:
+            """True while this image holds exactly what it was handed out with."""
+            seal, core, buffer, info, mode, size = self._sealed
+            if self._im is not core or self._mode != mode or self._size != size or self.palette is not None:
+                return False
+            try:
+                same_info = bool(self.info == (info or {}))
+            except Exception:  # noqa: BLE001 - an entry whose == raises (an array, say) was put there
+                return False
+            return same_info and seal.untouched(buffer)
+
+        def __eq__(self, other: object) -> bool:
+            # Pillow's own test, without its exact-class check: a hand-out equals the plain
+            # image it was sealed from.
+            if not isinstance(other, Image.Image):
+                return False
+            return (
+                self.mode == other.mode
+                and self.size == other.size
+                and self.info == other.info
+                and self.getpalette() == other.getpalette()
+                and self.tobytes() == other.tobytes()
+            )
+
+        __hash__ = None  # type: ignore[assignment]  # as Pillow's images: mutable, unhashable
+
+        def copy(self) -> Image.Image:
+            if self.pristine():
+                handout: Image.Image = self._sealed[0].handout()
+                return handout
+            return Image.Image.copy(self)
+
+        __copy__ = copy
+
+        def __reduce_ex__(self, protocol: Any) -> Any:
+            # A plain image's own pickle (Pillow's __getstate__), unpickled with Pillow alone.
+            state = Image.Image.copy(self).__getstate__()
+            return (copyreg._reconstructor, (Image.Image, object, None), state)  # type: ignore[attr-defined]
+
+    _SEALED_IMAGE.append(SealedImage)
+    return SealedImage
+
+
+def _layout(mode: str) -> str:
+    """The raw layout a store of a ``mode`` image holds: Pillow's own, where it can be
+    handed out without a copy (RGB as RGBX rows needs ``Image.fromarrow``, Pillow 11.2)."""
+    from PIL import Image  # an image exists, so Pillow is imported already
+
+    return _IMAGE_LAYOUTS[mode] if mode != "RGB" or hasattr(Image, "fromarrow") else "RGB"
+
+
+def _image_maker(
+    mode: str, layout: str, size: tuple[int, int], info: dict[Any, Any] | None
+) -> Callable[[Any, Seal | None], Any]:
+    from PIL import Image  # an image exists, so Pillow is imported already
+
+    sealed_image = _sealed_image_type()
+
+    def make(buffer: Any, seal: Seal | None) -> Any:
+        # Over the buffer, without a copy, for every layout but packed RGB (copied).
+        image = Image.frombuffer(layout, size, buffer, "raw", layout, 0, 1)
+        if layout != mode:  # RGBX rows seen as RGB: Pillow's own layout, no copy
+            image = Image.fromarrow(image, mode, size)
+        if info is not None:
+            image.info = copy.deepcopy(info)
+        if seal is not None:
+            image.__class__ = sealed_image
+            image._sealed = (seal, image._im, buffer, info, mode, size)  # type: ignore[attr-defined]
+        return image
+
+    return make
+
+
+def seal_image(image: Any) -> Any:
+    """A record's view of a sealed copy of ``image``, or ``image`` where it cannot be sealed.
+
+    Sealed: RGB, RGBA and L images without a palette, whose view reads the same to vLLM's
+    parser (EXIF ImageID and orientation, transparency) as ``image`` does. Other images
+    are kept as given and hashed on every render, as before. A hand-out of a seal that
+    no one has changed takes the same seal: no copy, and the key already computed.
+    """
+    from ._hashing import _exif_image_id, _parse_inputs  # here: _hashing imports this module
+
+    mode = image.mode
+    if mode not in _IMAGE_LAYOUTS or image.palette is not None or 0 in image.size or not _SEALING.get():
+        return image
+    if _SEALED_IMAGE and isinstance(image, _SEALED_IMAGE[0]) and image.pristine():
+        view = _register(image._sealed[0])
+    else:
+        try:
+            info = copy.deepcopy(dict(image.info))
+        except Exception:  # noqa: BLE001 - an info entry that cannot be copied: keep the image as given
+            return image
+        image.load()
+        size = image.size
+        layout = _layout(mode)
+        pixels = image.im  # the pixels as they are now, whatever the image's holder does next
+
+        def fill(buffer: Any) -> None:
+            if layout == "RGB":  # packed: Pillow would copy the buffer, not write into it
+                buffer[:] = image.tobytes()
+                return
+            # Pillow's own row copy, core to core: the read-only flag is the target
+            # object's, and the target is ours.
+            _image_maker(mode, layout, size, None)(buffer, None).im.paste(pixels, (0, 0, *size))
+
+        seal = Seal(size[0] * size[1] * len(layout), fill, _image_maker(mode, layout, size, info or None))
+        view = _register(seal)
+    if _exif_image_id(view) != _exif_image_id(image) or _parse_inputs(view) != _parse_inputs(image):
+        return image  # what vLLM's parser reads is not all in info: keep the image as given
+    return view
+
+
+# -- tensors --
+
+
+def _tensor_maker(dtype: Any, shape: tuple[int, ...]) -> Callable[[Any, Seal | None], Any]:
+    import torch  # a tensor exists, so torch is imported already
+
+    def make(buffer: Any, _: Seal | None) -> Any:
+        return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
+
+    return make
+
+
+def seal_tensor(tensor: Any) -> Any:
+    """A record's view of a sealed copy of ``tensor``, or ``tensor`` where it cannot be sealed.
+
+    Sealed: plain CPU tensors with elements that need no gradient. Others (a subclass,
+    another device or layout, ``requires_grad``) are kept as given and hashed on every
+    render, as before.
+    """
+    import torch
+
+    if (
+        not _SEALING.get()
+        or type(tensor) is not torch.Tensor
+        or tensor.device.type != "cpu"
+        or tensor.layout is not torch.strided
+        or tensor.requires_grad
+        or tensor.is_quantized
+        or tensor.numel() == 0
+    ):
+        return tensor
+    make = _tensor_maker(tensor.dtype, tuple(tensor.shape))
+    source = tensor.detach()
+
+    def fill(buffer: Any) -> None:
+        make(buffer, None).copy_(source)
+
+    return _register(Seal(source.numel() * source.element_size(), fill, make))

@@ -1,0 +1,290 @@
+"""Sealed images and tensors: a record's key is computed once and never goes stale.
+
+A record copies each PIL image and tensor once, into a store no one else can reach (a
+memfd the kernel refuses to write, or a private ``bytearray`` for small items), and hands
+out fresh images and tensors over it. Every test writes where a caller could (the
+caller's own object, the record's view, what ``to_vllm`` sent) by every road we know,
+and checks that the record goes on sending the sealed bytes under their key, that the
+key is the one a fresh hash gives, and that it was hashed once. Both stores are tested.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import mmap
+import os
+import pickle
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image, ImageDraw, ImageOps
+
+from omni_requests import MediaHasher, PromptTypeError, TextPrompt, _sealed, scope_to_replica
+from omni_requests_vllm import from_vllm, to_vllm
+
+from .conftest import CountingHasher as Counting
+
+torch = pytest.importorskip("torch")
+
+HASHER = MediaHasher("/models/tiny-vl")
+SIDE = 640  # 640 x 640 RGB: 1.6 MB in Pillow's layout, a mapped store
+
+
+@pytest.fixture(params=["mapped", "copied"])
+def store(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test runs with memfd stores, then with bytes stores (no file budget left)."""
+    if request.param == "copied":
+        monkeypatch.setattr(_sealed._BUDGET, "limit", 0)
+    elif not _sealed._SEAL_ALL:
+        pytest.skip("no sealed memfds on this system")
+    return str(request.param)
+
+
+def _image(seed: int = 1, mode: str = "RGB") -> Image.Image:
+    pixels = np.random.default_rng(seed).integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)
+    return Image.fromarray(pixels).convert(mode)
+
+
+def _tensor(seed: int = 1) -> Any:
+    # A video of 4 frames, 160 x 160 x 3 float32: 1.2 MB, a mapped store.
+    return torch.from_numpy(np.random.default_rng(seed).standard_normal((4, 160, 160, 3)).astype(np.float32))
+
+
+def _sent(record: Any, modality: str = "image") -> tuple[str, Any]:
+    out = to_vllm(scope_to_replica(record, 0, hasher=HASHER))
+    return out["multi_modal_uuids"][modality][0], out["multi_modal_data"][modality][0]
+
+
+def _fresh_key(modality: str, item: Any) -> str:
+    """The scoped key of ``item`` hashed afresh from a plain copy (no cache can answer)."""
+    plain = Image.Image.copy(item) if isinstance(item, Image.Image) else item.clone()
+    return "stage0:rep0:" + MediaHasher(HASHER.model_id).content_key(modality, plain)
+
+
+def _same_pixels(a: Image.Image, b: Image.Image) -> bool:
+    return (a.mode, a.size, a.tobytes()) == (b.mode, b.size, b.tobytes())
+
+
+def _raw_write(image: Any) -> None:
+    """Bytes written into a hand-out's memory below Pillow and torch, as a raw pointer would."""
+    buffer = image._sealed[2]
+    np.frombuffer(buffer, np.uint8)[:64] ^= 0xFF
+
+
+IMAGE_WRITES: dict[str, Callable[[Any], None]] = {
+    "frombytes": lambda image: image.frombytes(bytes(image.width * image.height * 3)),
+    "readonly reset, putpixel": lambda image: (
+        setattr(image, "readonly", 0),
+        image.putpixel((0, 0), (1, 2, 3)),
+    ),
+    "paste": lambda image: image.paste((9, 9, 9), (0, 0, 16, 16)),
+    "ImageDraw": lambda image: ImageDraw.Draw(image).rectangle((0, 0, 8, 8), fill=(7, 7, 7)),
+    "core putpixel": lambda image: image.im.putpixel((3, 3), (5, 5, 5)),
+    "core pixel access": lambda image: image.im.pixel_access(0).__setitem__((1, 1), (4, 4, 4)),
+    "info": lambda image: image.info.__setitem__("transparency", (1, 2, 3)),
+    "raw memory": _raw_write,
+}
+
+
+@pytest.mark.parametrize("write", list(IMAGE_WRITES), ids=list(IMAGE_WRITES))
+def test_writes_to_what_a_record_sent_or_shows_never_reach_it(store: str, write: str) -> None:
+    original = _image()
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": original})
+    first, sent = _sent(record)
+    assert first == _fresh_key("image", original)
+    for target in (sent, record.multi_modal_data["image"][0]):
+        if write == "raw memory" and store == "copied":
+            _raw_write(target)  # a bytearray of its own: the same road
+        else:
+            IMAGE_WRITES[write](target)
+        key, again = _sent(record)
+        assert key == first == _fresh_key("image", again)
+        assert _same_pixels(again, original) and again.info == original.info
+    assert _same_pixels(pickle.loads(pickle.dumps(record)).multi_modal_data["image"][0], original)
+
+
+@pytest.mark.parametrize("write", list(IMAGE_WRITES), ids=list(IMAGE_WRITES))
+def test_a_changed_hand_out_copies_and_seals_its_change_not_the_records(store: str, write: str) -> None:
+    # copy() of an untouched hand-out is another hand-out (no pixels copied); of a changed
+    # one, a copy of what it holds now: vLLM's parser copies every image it is given.
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _image()})
+    _, sent = _sent(record)
+    assert sent.pristine() and type(sent.copy()) is type(sent)
+    IMAGE_WRITES[write](sent)
+    assert not sent.pristine()
+    copied = ImageOps.exif_transpose(sent)
+    assert _same_pixels(copied, sent) and copied.info == sent.info
+    # Given to a new record, the changed image is sealed anew with what it holds now.
+    reused = TextPrompt(prompt="<image>", multi_modal_data={"image": sent})
+    key, again = _sent(reused)
+    assert _same_pixels(again, sent) and key == _fresh_key("image", sent)
+
+
+def test_the_callers_own_image_and_tensor_changed_later_do_not_reach_the_record(store: str) -> None:
+    image, tensor = _image(), _tensor()
+    before_image, before_tensor = image.copy(), tensor.clone()
+    record = TextPrompt(prompt="<image><video>", multi_modal_data={"image": image, "video": [tensor]})
+    image.paste((0, 0, 0), (0, 0, SIDE, SIDE))
+    tensor.zero_()
+    out = to_vllm(record)
+    assert _same_pixels(out["multi_modal_data"]["image"][0], before_image)
+    assert torch.equal(out["multi_modal_data"]["video"][0], before_tensor)
+
+
+TENSOR_WRITES: dict[str, Callable[[Any], None]] = {
+    "in place": lambda t: t.add_(1),
+    "numpy": lambda t: t.numpy().__setitem__((0, 0, 0), -1.0),
+    ".data": lambda t: t.data.__setitem__((1, 1, 1), -2.0),
+    "resize_": lambda t: t.resize_(3),
+    "set_": lambda t: t.set_(torch.zeros(2)),
+    "as_strided_": lambda t: t.as_strided_((2, 2), (1, 1)),
+    "data swapped": lambda t: setattr(t, "data", torch.ones(5)),
+    "raw memory": lambda t: ctypes.memset(t.data_ptr(), 0xFF, 64),
+}
+
+
+@pytest.mark.parametrize("write", list(TENSOR_WRITES), ids=list(TENSOR_WRITES))
+def test_writes_to_a_tensor_a_record_sent_or_shows_never_reach_it(store: str, write: str) -> None:
+    original = _tensor()
+    record = TextPrompt(prompt="<video>", multi_modal_data={"video": [original]})
+    first, sent = _sent(record, "video")
+    assert first == _fresh_key("video", original)
+    version = sent._version
+    for target in (sent, record.multi_modal_data["video"][0]):
+        TENSOR_WRITES[write](target)
+        key, again = _sent(record, "video")
+        assert key == first == _fresh_key("video", again)
+        assert torch.equal(again, original) and again.dtype == original.dtype
+    if write in ("numpy", "raw memory"):
+        assert sent._version == version  # torch's counter saw nothing: no cache could rest on it
+
+
+def _base(record: Any, replica: int, hasher: MediaHasher, modality: str) -> str:
+    key: str = to_vllm(scope_to_replica(record, replica, hasher=hasher))["multi_modal_uuids"][modality][0]
+    return key.rsplit(":", 1)[1]
+
+
+@pytest.mark.parametrize("kind", ["image", "tensor"])
+def test_a_sealed_item_is_hashed_once_however_often_it_is_sent(store: str, kind: str) -> None:
+    Counting.computed = Counter()
+    hasher = Counting("/models/tiny-vl-count")
+    item = _image(3) if kind == "image" else _tensor(3)
+    modality = "image" if kind == "image" else "video"
+    template = TextPrompt(prompt="x", multi_modal_data={modality: [item]})
+    keys = {_base(template, n % 2, hasher, modality) for n in range(20)}
+    # A pristine hand-out given back (from_vllm of the engine dict) keeps the seal and key.
+    keys.add(_base(from_vllm(to_vllm(template)), 1, hasher, modality))
+    assert len(keys) == 1
+    assert sum(Counting.computed.values()) == (
+        1 if kind == "image" else 2
+    )  # a tensor hand-out is sealed anew
+
+
+def test_the_kernel_refuses_every_write_to_a_mapped_store() -> None:
+    if not _sealed._SEAL_ALL:
+        pytest.skip("no sealed memfds on this system")
+    record = TextPrompt(prompt="x", multi_modal_data={"image": _image(4)})
+    seal = record.multi_modal_data["image"][0]._sealed[0]
+    assert seal._fd is not None
+    # Opened again through /proc (as anyone in the process could), it takes no write.
+    fd = os.open(f"/proc/self/fd/{seal._fd}", os.O_RDWR)
+    try:
+        with pytest.raises(PermissionError):
+            os.write(fd, b"\0")
+        with pytest.raises(PermissionError):
+            mmap.mmap(fd, seal.nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_WRITE)
+        with pytest.raises(PermissionError):
+            os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+    assert _same_pixels(_sent(record)[1], _image(4))
+
+
+@contextlib.contextmanager
+def _budget(limit: int) -> Iterator[None]:
+    saved = _sealed._BUDGET.limit
+    _sealed._BUDGET.limit = limit
+    try:
+        yield
+    finally:
+        _sealed._BUDGET.limit = saved
+
+
+def test_stores_give_their_files_back_and_never_exceed_their_budget() -> None:
+    if not _sealed._SEAL_ALL:
+        pytest.skip("no sealed memfds on this system")
+    gc.collect()
+    before = _sealed._BUDGET.open
+    with _budget(before + 2):
+        records = [TextPrompt(prompt="x", multi_modal_data={"image": _image(n)}) for n in range(4)]
+        mapped = [r.multi_modal_data["image"][0]._sealed[0]._fd is not None for r in records]
+        assert mapped == [True, True, False, False]  # past the budget: bytes stores, same keys
+        assert _sealed._BUDGET.open == before + 2
+        keys = [_sent(r)[0] for r in records]
+        assert keys == [_fresh_key("image", _image(n)) for n in range(4)]
+    del records
+    gc.collect()
+    assert _sealed._BUDGET.open == before
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        pytest.param(lambda: Image.new("I", (8, 8)), id="32-bit image"),
+        pytest.param(
+            lambda: torch.nn.Parameter(torch.zeros(3, 4), requires_grad=False), id="tensor subclass"
+        ),
+    ],
+)
+def test_what_cannot_be_sealed_is_kept_as_given_and_hashed_at_every_render(item: Callable[[], Any]) -> None:
+    value = item()
+    modality = "image"
+    record = TextPrompt(prompt="x", multi_modal_data={modality: [value]})
+    assert record.multi_modal_data[modality][0] is value
+    first, _ = _sent(record, modality)
+    if isinstance(value, Image.Image):
+        value.putpixel((0, 0), 1000)
+    else:
+        value.data.add_(1)
+    key, sent = _sent(record, modality)
+    assert sent is value and key != first and key == _fresh_key(modality, value)
+
+
+def test_replace_media_keeps_the_other_modalities_sealed_items_as_they_are(store: str) -> None:
+    Counting.computed = Counter()
+    hasher = Counting("/models/tiny-vl-replace")
+    template = TextPrompt(prompt="x", multi_modal_data={"image": _image(6), "video": [_tensor(6)]})
+    keys = to_vllm(scope_to_replica(template, 0, hasher=hasher))["multi_modal_uuids"]
+    computed = sum(Counting.computed.values())
+    copy = template.replace_media({"audio": [np.zeros(16, np.float32)]})
+    assert copy.multi_modal_data["image"] is template.multi_modal_data["image"]  # not sealed again
+    assert copy.multi_modal_data["video"] is template.multi_modal_data["video"]
+    again = to_vllm(scope_to_replica(copy, 0, hasher=hasher))["multi_modal_uuids"]
+    assert (again["image"], again["video"]) == (keys["image"], keys["video"])
+    assert sum(Counting.computed.values()) == computed + 1  # the new audio alone
+
+
+def test_a_records_item_list_given_as_another_modality_is_checked_again() -> None:
+    # A record's own list passes through unchecked only for its own modality: as video,
+    # its items (images) are each read as a video, and refused as one.
+    record = TextPrompt(prompt="x", multi_modal_data={"image": [_image(7), _image(8)]})
+    with pytest.raises(PromptTypeError, match="a single PIL image is not a video") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"video": record.multi_modal_data["image"]})
+    assert caught.value.path == "$.multi_modal_data.video[0]"
+
+
+def test_a_hand_out_equals_the_plain_image_it_was_sealed_from_and_pickles_as_one(store: str) -> None:
+    original = _image(9)
+    record = TextPrompt(prompt="x", multi_modal_data={"image": original})
+    shown, (_, sent) = record.multi_modal_data["image"][0], _sent(record)
+    assert shown == original and original == sent and sent == shown  # Pillow's own == checks the class
+    sent.putpixel((0, 0), (1, 1, 1))
+    assert sent != original
+    for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
+        back = pickle.loads(pickle.dumps(shown, protocol))
+        assert type(back) is Image.Image and back == original
