@@ -38,6 +38,7 @@ from ._media import (
     is_pil_image,
     is_torch_tensor,
     media_kind,
+    thaw,
 )
 from ._media_bytes import feed_media_with_bytes, is_media_with_bytes
 from ._sealed import Seal, current, seal_of
@@ -122,9 +123,9 @@ def _leaf(update: _Update, value: object) -> None:
     elif isinstance(value, np.ndarray):
         _ndarray_subclass(update, value)
     elif is_pil_image(value):
-        _pil_image(update, current(value))  # a record's view: the bytes it sealed
+        _pil_image(update, value)
     elif is_torch_tensor(value):
-        _tensor(update, current(value))
+        _tensor(update, value)
     else:
         # vLLM pickles what it has no rule for (numpy scalars, a palette's bytearray);
         # records refuse such values in media, so this serves bare hasher calls.
@@ -313,7 +314,6 @@ def _sample_spans(count: int, per: int) -> list[tuple[int, int]]:
 
 
 def _fingerprint_leaf(update: _Update, value: object) -> None:
-    value = current(value)  # a record's view: the bytes it sealed
     media: Any = value
     kind = media_kind(value)
     if isinstance(value, (bytes, memoryview)):
@@ -479,19 +479,24 @@ class MediaHasher:
         is hashed as given, like vllm-omni does.
         """
         _check_modality(modality)
-        return self._content_key(modality, item)
+        return self._content_key(modality, item, record=False)
 
-    def _content_key(self, modality: str, item: object) -> str:
-        # content_key for a modality already checked (a record's): on every render's path.
+    def _content_key(self, modality: str, item: object, *, record: bool = True) -> str:
+        # content_key for a modality already checked; by default of a record's item (a
+        # record's view read as its seal), on every render's path.
         if modality == "image" and is_pil_image(item):
-            seal = seal_of(item)
+            seal = seal_of(item) if record else None
             if seal is not None:  # parsed once, from the seal, and cached by it
                 return self._cached_by_seal(modality, seal)
             # Modes Pillow cannot flatten to RGB (e.g. "La") vLLM cannot parse either:
             # those images are hashed as given.
             with contextlib.suppress(ValueError):
-                item = _as_vllm_parses_image(item)
-        return self._cached("key", modality, item, self._digest)
+                item = _as_vllm_parses_image(current(item) if record else item)
+        return self._cached("key", modality, item, self._digest, record=record)
+
+    def _record_fingerprint(self, modality: str, item: object) -> str:
+        # fingerprint of a record's item (a view read as its seal), modality checked
+        return self._cached("fingerprint", modality, item, self._fingerprint, record=True)
 
     def fingerprint(self, modality: str, item: object) -> str:
         """A cheap digest of ``item``: its types, dtypes, shapes, lengths and a sample of bytes.
@@ -512,7 +517,21 @@ class MediaHasher:
         _check_modality(modality)
         return self._cached("fingerprint", modality, item, self._fingerprint)
 
-    def _cached(self, kind: str, modality: str, item: object, compute: Callable[[str, object], str]) -> str:
+    def _cached(
+        self,
+        kind: str,
+        modality: str,
+        item: object,
+        compute: Callable[[str, object], str],
+        *,
+        record: bool = False,
+    ) -> str:
+        """``compute(modality, item)``, cached where the item's bytes cannot change.
+
+        ``record``: ``item`` is a record's, whose views are read as their seals (cached by
+        the seal, computed from a hand-out). Otherwise a view is read as it is now, never
+        cached: its holder may have changed it.
+        """
         leaves: list[object]
         token: object
         if type(item) is np.ndarray:  # the common item, without building its token
@@ -521,13 +540,13 @@ class MediaHasher:
             leaves, token = [item], ("ndarray", id(item))
         else:
             leaves = []
-            token = immutable_token(item, leaves)
+            token = immutable_token(item, leaves, sealed=record)
             if token is None or not leaves:
-                return compute(modality, item)
+                return compute(modality, thaw(item) if record else item)
         cache_key = (kind, self.algorithm, self.model_id, modality, token)
         digest = _CACHE.get(cache_key)
         if digest is None:
-            digest = compute(modality, item)
+            digest = compute(modality, thaw(item) if record else item)
             _CACHE.put(cache_key, digest, leaves)
         return digest
 

@@ -410,21 +410,22 @@ def plain_map(value: PMap[_K, _V]) -> Mapping[_K, _V]:
     return dict(value.items())  # not a record's map: read it, without keeping a copy
 
 
-def immutable_token(value: object, leaves: list[object]) -> object | None:
+def immutable_token(value: object, leaves: list[object], *, sealed: bool = False) -> object | None:
     """A hashable stand-in for a frozen item whose bytes can never change, or None.
 
     Equal tokens mean equal keys: a token tells apart at least what the hash does
     (``0.0`` from ``-0.0``; numpy scalars by their pickle, as vLLM hashes them). Only
     exact built-in types count; arrays only when :func:`is_immutable_array`, by identity,
-    collected in ``leaves`` so a cache can drop the entry when one dies. A record's view
-    of a sealed image or tensor counts by its seal (whatever its holder did to the view,
-    the record keys and sends the seal's bytes); other tensors and PIL images can be
-    changed by whoever holds them: never cached.
+    collected in ``leaves`` so a cache can drop the entry when one dies. With ``sealed``
+    (a record's item), a record's view of a sealed image or tensor counts by its seal
+    (whatever its holder did to the view, the record keys and sends the seal's bytes);
+    other tensors and PIL images can be changed by whoever holds them: never cached.
     """
-    seal = seal_of(value)
-    if seal is not None:
-        leaves.append(seal)
-        return ("sealed", id(seal))
+    if sealed:
+        seal = seal_of(value)
+        if seal is not None:
+            leaves.append(seal)
+            return ("sealed", id(seal))
     kind = type(value)
     if value is None or kind is str or kind is bytes or kind is int or kind is bool:
         return (kind, value)
@@ -441,7 +442,7 @@ def immutable_token(value: object, leaves: list[object]) -> object | None:
     if kind is tuple or kind is _PVECTOR:
         parts = []
         for item in value:  # type: ignore[attr-defined]
-            token = immutable_token(item, leaves)
+            token = immutable_token(item, leaves, sealed=sealed)
             if token is None:
                 return None
             parts.append(token)
@@ -449,7 +450,7 @@ def immutable_token(value: object, leaves: list[object]) -> object | None:
     if kind is FrozenDict:
         parts = []
         for key, item in value.items():  # type: ignore[attr-defined]
-            token = immutable_token(item, leaves)
+            token = immutable_token(item, leaves, sealed=sealed)
             if token is None or type(key) is not str:
                 return None
             parts.append((key, token))

@@ -654,7 +654,7 @@ def _same_media(modality: str, a: object, b: object) -> bool:
         return True
     if a is None or b is None:
         return False
-    return _SAME_MEDIA.content_key(modality, a) == _SAME_MEDIA.content_key(modality, b)
+    return _SAME_MEDIA._content_key(modality, a) == _SAME_MEDIA._content_key(modality, b)
 
 
 def _check_uuids_name_their_items(uuids: MediaUUIDs, view: tuple[MediaRow, ...]) -> None:

@@ -252,7 +252,7 @@ def _derive(
         for i, item in enumerate(items):
             uuid = None if given is None else given[i]
             if uuid is not None:
-                row.append(user(uuid, hasher.fingerprint(modality, item) if bind else None))  # type: ignore[union-attr]
+                row.append(user(uuid, hasher._record_fingerprint(modality, item) if bind else None))  # type: ignore[union-attr]
             elif item is None:
                 row.append(None)
             elif hasher is None:

@@ -18,8 +18,11 @@ keys and sends what it sealed.
 Large stores live in a sealed ``memfd`` (Linux): the kernel refuses every write to it,
 and each hand-out is a private copy-on-write mapping of it, made in microseconds whatever
 the size, sharing memory until someone writes. Elsewhere, for small items, or once the
-process nears its open-file limit, the store is a ``bytes`` object and each hand-out a
-copy of it.
+process nears its open-file limit, the store is a private ``bytearray`` and each hand-out
+a copy of it.
+
+Only record code reads a view as its seal (``current``): anyone else
+given a record's view, a hasher's public calls included, reads the object as it is now.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import contextlib
 import contextvars
 import copy
 import copyreg
+import ctypes
 import mmap
 import os
 import sys
@@ -40,11 +44,13 @@ from ._identity import IdentityMap
 
 __all__: list[str] = []
 
+# An image is written to its store in bands of about this many bytes.
+_BAND_BYTES: Final = 8 << 20
 # From this many bytes a store is a sealed memfd (when the system has them): below it a
 # copy costs less than the mapping's system calls.
 _MAPPED_FROM: Final = 1 << 20
-# Open files the mapped stores may hold (one each, plus one for each live view or
-# hand-out's mapping), as a share of the process's limit; past it, stores are bytes.
+# Open files the mapped stores may hold (one each; a hand-out's mapping holds none), as a
+# share of the process's limit; past it, stores are bytearrays.
 _FD_SHARE: Final = 4
 # The Pillow modes sealed, with the raw layout a store holds: Pillow keeps RGB as four
 # bytes a pixel, so an RGB store holds RGBX rows (see _layout).
@@ -54,8 +60,17 @@ if sys.platform == "linux":
 
     # Once added, no write, resize or new seal is ever allowed again, by anyone.
     _SEAL_ALL: Final = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+    # Hand-outs are mapped through libc, not mmap.mmap: before Python 3.13 that keeps a
+    # duplicate of the file open for each mapping, and a template sent a thousand times
+    # would hold a thousand open files.
+    _LIBC: Final = ctypes.CDLL(None, use_errno=True)
+    _LIBC.mmap.restype = ctypes.c_void_p
+    _LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]
+    _LIBC.munmap.restype = ctypes.c_int
+    _LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 else:
     _SEAL_ALL = 0
+_MAP_FAILED: Final = ctypes.c_void_p(-1).value
 
 
 _READ_WRITE: Final = mmap.PROT_READ | mmap.PROT_WRITE
@@ -109,7 +124,11 @@ class _Budget:
 _BUDGET: Final = _Budget()
 
 
-def _mapped_store(nbytes: int, fill: Callable[[Any], None]) -> int | None:
+# ``fill(write)`` writes an item's bytes in order, a buffer at a time, through ``write``.
+Fill = Callable[[Callable[[Any], None]], None]
+
+
+def _mapped_store(nbytes: int, fill: Fill) -> int | None:
     """A sealed memfd of ``nbytes`` that ``fill`` wrote, or None where the system has none to spare."""
     if not _SEAL_ALL or nbytes < _MAPPED_FROM or not _BUDGET.take():
         return None
@@ -118,10 +137,23 @@ def _mapped_store(nbytes: int, fill: Callable[[Any], None]) -> int | None:
     except OSError:
         _BUDGET.give_back()
         return None
+    offset = 0
+
+    def write(chunk: Any) -> None:
+        # Written, not mapped and filled: the kernel fills whole new pages as it copies,
+        # where a mapping would have it zero each one first (half the cost, measured).
+        nonlocal offset
+        view = memoryview(chunk).cast("B")
+        while view:
+            done = os.pwrite(fd, view, offset)
+            offset += done
+            view = view[done:]
+
     try:
         os.ftruncate(fd, nbytes)
-        with mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=_READ_WRITE) as shared:
-            fill(shared)  # its views of the mapping die with it: close() must not find one
+        fill(write)
+        if offset != nbytes:
+            raise RuntimeError(f"a sealed store of {nbytes} bytes was given {offset}")
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEAL_ALL)
     except BaseException:
         os.close(fd)
@@ -140,35 +172,60 @@ class Seal:
 
     __slots__ = ("__weakref__", "_bytes", "_fd", "_make", "nbytes")
 
-    def __init__(self, nbytes: int, fill: Callable[[Any], None], make: Callable[[Any, Seal], Any]) -> None:
-        """``fill(buffer)`` writes the item into a writable buffer of ``nbytes``, once;
-        ``make(buffer, seal)`` is a new image or tensor over such a buffer."""
+    def __init__(self, nbytes: int, fill: Fill, make: Callable[[Any, Seal], Any]) -> None:
+        """``fill`` writes the item's ``nbytes``, once (see ``Fill``); ``make(buffer, seal)``
+        is a new image or tensor over a writable buffer holding them."""
         self.nbytes = nbytes
         self._make = make
         fd = _mapped_store(nbytes, fill)
         self._fd = fd
         self._bytes: bytearray | None = None
         if fd is None:
-            self._bytes = bytearray(nbytes)  # private: only hand-outs' copies leave
-            fill(self._bytes)
+            self._bytes = stored = bytearray(nbytes)  # private: only hand-outs' copies leave
+            offset = 0
+
+            def write(chunk: Any) -> None:
+                nonlocal offset
+                view = memoryview(chunk).cast("B")
+                stored[offset : offset + len(view)] = view
+                offset += len(view)
+
+            fill(write)
+            if offset != nbytes:
+                raise RuntimeError(f"a sealed store of {nbytes} bytes was given {offset}")
         else:
             weakref.finalize(self, _close, fd)
 
     def handout(self) -> Any:
         """A new image or tensor holding the sealed bytes; its holder may change it freely."""
-        buffer: Any
-        if self._fd is not None:
-            # Private and writable: writes land in pages of this mapping alone.
-            buffer = mmap.mmap(self._fd, self.nbytes, flags=mmap.MAP_PRIVATE, prot=_READ_WRITE)
-        else:
-            buffer = bytearray(self._bytes)  # type: ignore[arg-type]
+        fd = self._fd
+        buffer = bytearray(self._bytes) if fd is None else _private_mapping(fd, self.nbytes)  # type: ignore[arg-type]
         return self._make(buffer, self)
 
     def untouched(self, buffer: Any) -> bool:
         """True when no byte of a hand-out's ``buffer`` was written since it was made."""
         if self._fd is None:
             return bool(buffer == self._bytes)  # at most _MAPPED_FROM bytes
-        return _no_private_pages(buffer, self.nbytes)
+        if isinstance(buffer, bytearray):  # a mapped store's copy (no mapping was left): not checked
+            return False
+        return _no_private_pages(ctypes.addressof(buffer), self.nbytes)
+
+
+def _private_mapping(fd: int, nbytes: int) -> Any:
+    """A private, writable mapping of a sealed memfd, unmapped when its last user lets go;
+    a copy of its bytes where the process has no mapping to spare."""
+    # Private: writes land in pages of this mapping alone, copied from the memfd's.
+    address = _LIBC.mmap(None, nbytes, _READ_WRITE, mmap.MAP_PRIVATE, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        copied = bytearray(nbytes)
+        view = memoryview(copied)
+        done = 0
+        while done < nbytes:
+            done += os.preadv(fd, [view[done:]], done)
+        return copied
+    mapping = (ctypes.c_char * nbytes).from_address(address)
+    weakref.finalize(mapping, _LIBC.munmap, address, nbytes)
+    return mapping
 
 
 _PAGE: Final = mmap.PAGESIZE
@@ -178,17 +235,15 @@ _SWAPPED: Final = 1 << 62
 _FILE_PAGE: Final = 1 << 61
 
 
-def _no_private_pages(mapping: mmap.mmap, nbytes: int) -> bool:
+def _no_private_pages(address: int, nbytes: int) -> bool:
     """True when every page of a private mapping of a sealed memfd is still the memfd's.
 
     The first write to a page of a private mapping gives the mapping its own copy of that
     page, an anonymous one: the kernel's page map tells it from the memfd's page, whoever
     wrote (Pillow, torch, numpy or a raw pointer). A page never read is not in memory
     yet; it is the memfd's too. Where the page map cannot be read, nothing is untouched.
+    (Replacing the mapping itself with system calls is not seen: docs/security.md.)
     """
-    import ctypes
-
-    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
     pages = -(-nbytes // _PAGE)
     try:
         fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
@@ -232,6 +287,18 @@ def _register(seal: Seal) -> Any:
     return view
 
 
+def _as_given(value: Any) -> Any:
+    """``value`` for a record that keeps it unsealed: itself, unless it is a record's view
+    changed since (a record reads a view as its seal): then a plain copy of it as it is."""
+    if _VIEWS.get(value) is None:
+        return value
+    if hasattr(value, "pristine"):  # an image
+        from PIL import Image
+
+        return value if value.pristine() else Image.Image.copy(value)
+    return value.clone()  # a tensor: its writes cannot be told, so it is copied
+
+
 # -- images --
 
 
@@ -259,7 +326,16 @@ def _sealed_image_type() -> type[Any]:
         def pristine(self) -> bool:
             """True while this image holds exactly what it was handed out with."""
             seal, core, buffer, info, mode, size = self._sealed
-            if self._im is not core or self._mode != mode or self._size != size or self.palette is not None:
+            if buffer is None:  # its pixels were copied out of the buffer: writes are not seen
+                return False
+            if (
+                self._im is not core
+                or getattr(core, "mode", None) != mode
+                or self._mode != mode
+                or self._size != size
+            ):
+                return False  # a new core, or a palette put on this one (its mode becomes "P")
+            if self.palette is not None:
                 return False
             try:
                 same_info = bool(self.info == (info or {}))
@@ -268,9 +344,10 @@ def _sealed_image_type() -> type[Any]:
             return same_info and seal.untouched(buffer)
 
         def __eq__(self, other: object) -> bool:
-            # Pillow's own test, without its exact-class check: a hand-out equals the plain
-            # image it was sealed from.
-            if not isinstance(other, Image.Image):
+            # Pillow's own test, its exact-class check reading a hand-out as a plain image:
+            # a hand-out equals a plain image (or hand-out) of the same pixels; like Pillow's
+            # own copy(), it does not equal a file's image (a PngImageFile, say).
+            if type(other) is not Image.Image and not isinstance(other, SealedImage):
                 return False
             return (
                 self.mode == other.mode
@@ -323,7 +400,8 @@ def _image_maker(
             image.info = copy.deepcopy(info)
         if seal is not None:
             image.__class__ = sealed_image
-            image._sealed = (seal, image._im, buffer, info, mode, size)  # type: ignore[attr-defined]
+            shares = layout != "RGB"  # packed RGB: Pillow copied the buffer
+            image._sealed = (seal, image._im, buffer if shares else None, info, mode, size)  # type: ignore[attr-defined]
         return image
 
     return make
@@ -337,35 +415,47 @@ def seal_image(image: Any) -> Any:
     are kept as given and hashed on every render, as before. A hand-out of a seal that
     no one has changed takes the same seal: no copy, and the key already computed.
     """
+    from PIL import Image  # an image exists, so Pillow is imported already
+
     from ._hashing import _exif_image_id, _parse_inputs  # here: _hashing imports this module
 
     mode = image.mode
     if mode not in _IMAGE_LAYOUTS or image.palette is not None or 0 in image.size or not _SEALING.get():
-        return image
+        return _as_given(image)
     if _SEALED_IMAGE and isinstance(image, _SEALED_IMAGE[0]) and image.pristine():
         view = _register(image._sealed[0])
     else:
         try:
             info = copy.deepcopy(dict(image.info))
         except Exception:  # noqa: BLE001 - an info entry that cannot be copied: keep the image as given
-            return image
+            return _as_given(image)
         image.load()
         size = image.size
         layout = _layout(mode)
         pixels = image.im  # the pixels as they are now, whatever the image's holder does next
+        if pixels.mode != mode:  # a palette put on the core itself: Pillow reads through it
+            return _as_given(image)
 
-        def fill(buffer: Any) -> None:
-            if layout == "RGB":  # packed: Pillow would copy the buffer, not write into it
-                buffer[:] = image.tobytes()
+        def fill(write: Callable[[Any], None]) -> None:
+            if layout == "RGB":  # packed (Pillow without fromarrow)
+                write(image.tobytes())
                 return
-            # Pillow's own row copy, core to core: the read-only flag is the target
-            # object's, and the target is ours.
-            _image_maker(mode, layout, size, None)(buffer, None).im.paste(pixels, (0, 0, *size))
+            # Pillow's own row copy, core to core, into a band of ours in the store's
+            # layout (an RGB core pastes into RGBX as is); a few bands, each released the
+            # GIL once, so few waits beside a thread busy in Python.
+            width, height = size
+            line = width * len(layout)
+            rows = max(1, _BAND_BYTES // line)
+            band_bytes = bytearray(min(rows, height) * line)
+            band = Image.frombuffer(layout, (width, min(rows, height)), band_bytes, "raw", layout, 0, 1)
+            for top in range(0, height, rows):
+                band.im.paste(pixels, (0, -top, width, height - top))  # the image moved up, clipped
+                write(memoryview(band_bytes)[: min(rows, height - top) * line])
 
         seal = Seal(size[0] * size[1] * len(layout), fill, _image_maker(mode, layout, size, info or None))
         view = _register(seal)
     if _exif_image_id(view) != _exif_image_id(image) or _parse_inputs(view) != _parse_inputs(image):
-        return image  # what vLLM's parser reads is not all in info: keep the image as given
+        return _as_given(image)  # what vLLM's parser reads is not all in info: keep the image as given
     return view
 
 
@@ -399,11 +489,15 @@ def seal_tensor(tensor: Any) -> Any:
         or tensor.is_quantized
         or tensor.numel() == 0
     ):
-        return tensor
+        return _as_given(tensor)
     make = _tensor_maker(tensor.dtype, tuple(tensor.shape))
     source = tensor.detach()
 
-    def fill(buffer: Any) -> None:
-        make(buffer, None).copy_(source)
+    def fill(write: Callable[[Any], None]) -> None:
+        # The bytes in row-major order, viewed as bytes whatever the dtype (bfloat16 too).
+        flat = source.reshape(-1)  # a view where it can be, else a copy
+        if flat.stride(0) != 1:  # one element, whose stride torch keeps as given
+            flat = flat.clone(memory_format=torch.contiguous_format)
+        write(flat.view(torch.uint8).numpy())
 
     return _register(Seal(source.numel() * source.element_size(), fill, make))

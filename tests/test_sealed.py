@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import io
 import mmap
 import os
 import pickle
@@ -288,3 +289,110 @@ def test_a_hand_out_equals_the_plain_image_it_was_sealed_from_and_pickles_as_one
     for protocol in range(pickle.HIGHEST_PROTOCOL + 1):
         back = pickle.loads(pickle.dumps(shown, protocol))
         assert type(back) is Image.Image and back == original
+
+
+def test_hand_outs_hold_no_open_file_however_many_are_kept() -> None:
+    # A template sent for a batch of requests kept together (llm.generate's list): each
+    # hand-out is a mapping of the store, not another open file.
+    if not _sealed._SEAL_ALL:
+        pytest.skip("no sealed memfds on this system")
+    template = TextPrompt(prompt="<image>", multi_modal_data={"image": _image(), "video": _tensor()})
+    before = len(os.listdir("/proc/self/fd"))
+    batch = [to_vllm(template) for _ in range(300)]
+    assert len(os.listdir("/proc/self/fd")) - before < 5
+    assert _same_pixels(batch[-1]["multi_modal_data"]["image"][0], _image())
+    del batch
+    gc.collect()
+
+
+def _changed_views(record: TextPrompt) -> tuple[Any, Any]:
+    image, video = record.multi_modal_data["image"][0], record.multi_modal_data["video"][0]
+    image.paste((0, 0, 0), (0, 0, SIDE, SIDE))  # the view's holder may change it freely
+    video.zero_()
+    return image, video
+
+
+def test_a_hashers_public_calls_read_a_changed_view_as_it_is_and_the_record_its_seal(store: str) -> None:
+    record = TextPrompt(prompt="<image><video>", multi_modal_data={"image": _image(), "video": _tensor()})
+    keyed = {m: _sent(record, m)[0] for m in ("image", "video")}
+    image, video = _changed_views(record)
+    for modality, view, plain in (("image", image, Image.Image.copy(image)), ("video", video, video.clone())):
+        for call in (HASHER.key, HASHER.content_key, HASHER.fingerprint):
+            assert call(modality, view) == call(modality, plain), call.__name__
+        key, sent = _sent(record, modality)
+        assert key == keyed[modality] != "stage0:rep0:" + HASHER.content_key(modality, view)
+        assert key == _fresh_key(modality, sent)
+    vllm_hasher = pytest.importorskip("vllm.multimodal.hasher").MultiModalHasher
+    for modality, view in (("image", image), ("video", video)):
+        assert HASHER.key(modality, view) == vllm_hasher.hash_kwargs(
+            "blake3", model_id=HASHER.model_id, **{modality: view}
+        )
+
+
+def test_scope_stage0_sends_a_changed_view_in_a_dict_as_it_is(store: str) -> None:
+    omni = pytest.importorskip("omni_requests_omni")
+    record = TextPrompt(prompt="<image><video>", multi_modal_data={"image": _image(), "video": _tensor()})
+    image, video = _changed_views(record)
+    pool = omni.Stage0Pool(replicas=2, select=lambda request: 1)
+    given = {"prompt": "<image><video>", "multi_modal_data": {"image": image, "video": video}}
+    _, out = omni.scope_stage0(given, pool=pool, hasher=HASHER, request_id="r")
+    data = out["multi_modal_data"]
+    sent_image = data["image"][0] if isinstance(data["image"], list) else data["image"]
+    sent_video = data["video"][0] if isinstance(data["video"], list) else data["video"]
+    assert _same_pixels(sent_image, image) and torch.equal(sent_video, video)
+    assert out["multi_modal_uuids"]["image"][0].endswith(HASHER.content_key("image", image))
+
+
+def test_without_pillows_fromarrow_a_changed_rgb_hand_out_is_not_pristine(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pillow before 11.2: an RGB store is packed and each hand-out is a copy of it, which
+    # no page check can watch: such a hand-out is never taken as pristine.
+    monkeypatch.delattr(Image, "fromarrow")
+    _, sent = _sent(TextPrompt(prompt="<image>", multi_modal_data={"image": _image()}))
+    sent.paste((0, 0, 0), (0, 0, SIDE, SIDE))
+    assert not sent.pristine() and _same_pixels(sent.copy(), sent)
+    assert _same_pixels(_sent(TextPrompt(prompt="<image>", multi_modal_data={"image": sent}))[1], sent)
+
+
+def test_a_palette_put_on_a_hand_outs_core_is_seen(store: str) -> None:
+    # putpalette on the core turns an "L" core into "P" in place: the same core object,
+    # no page written, but Pillow (and vLLM's convert) now reads through the palette.
+    _, sent = _sent(TextPrompt(prompt="<image>", multi_modal_data={"image": _image(mode="L")}))
+    sent.im.putpalette("RGB", "RGB", bytes([255, 0, 0]) * 256)
+    assert not sent.pristine()
+    _, again = _sent(TextPrompt(prompt="<image>", multi_modal_data={"image": sent}))
+    assert again.convert("RGB").tobytes() == sent.convert("RGB").tobytes()
+
+
+def test_a_view_compares_with_a_file_image_as_pillows_own_copy_does() -> None:
+    data = io.BytesIO()
+    _image().save(data, "PNG")
+    png = Image.open(io.BytesIO(data.getvalue()))
+    view = TextPrompt(prompt="x", multi_modal_data={"image": png}).multi_modal_data["image"][0]
+    assert (view == png) is (png == view) is (png.copy() == png) is False
+    assert view == png.copy() and _same_pixels(view, png)
+
+
+TENSOR_SHAPES: dict[str, Callable[[], Any]] = {
+    "bfloat16": lambda: torch.arange(600_000, dtype=torch.float32).reshape(100, 6000).to(torch.bfloat16),
+    "bool": lambda: torch.arange(2_000_000).reshape(1000, 2000) % 3 == 0,
+    "complex64": lambda: torch.randn(300, 600, dtype=torch.complex64),
+    "transposed": lambda: torch.randn(400, 700).T,
+    "channels_last": lambda: torch.randn(2, 3, 300, 300).to(memory_format=torch.channels_last),
+    "offset": lambda: torch.randn(900, 900)[3:, 5:],
+    "0-d": lambda: torch.tensor(-0.0),
+    "one element, stride 2": lambda: torch.tensor([-0.0, 1.0])[::2],
+    "int16, small": lambda: torch.arange(30, dtype=torch.int16).reshape(5, 6),
+}
+
+
+@pytest.mark.parametrize("make", list(TENSOR_SHAPES.values()), ids=list(TENSOR_SHAPES))
+def test_a_sealed_tensor_holds_its_values_in_any_dtype_and_layout(
+    store: str, make: Callable[[], Any]
+) -> None:
+    tensor = make()
+    record = TextPrompt(prompt="<video>", multi_modal_data={"video": [tensor]})
+    key, sent = _sent(record, "video")
+    assert sent.dtype == tensor.dtype and sent.shape == tensor.shape and torch.equal(sent, tensor)
+    assert key == "stage0:rep0:" + HASHER.content_key("video", tensor) == _fresh_key("video", sent)
