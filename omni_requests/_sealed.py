@@ -60,17 +60,38 @@ if sys.platform == "linux":
 
     # Once added, no write, resize or new seal is ever allowed again, by anyone.
     _SEAL_ALL: Final = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
-    # Hand-outs are mapped through libc, not mmap.mmap: before Python 3.13 that keeps a
-    # duplicate of the file open for each mapping, and a template sent a thousand times
-    # would hold a thousand open files.
-    _LIBC: Final = ctypes.CDLL(None, use_errno=True)
-    _LIBC.mmap.restype = ctypes.c_void_p
-    _LIBC.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]
-    _LIBC.munmap.restype = ctypes.c_int
-    _LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    # The store's system calls go through libc, not Python's os and mmap modules:
+    # - before Python 3.13 mmap.mmap keeps a duplicate of the file open for each mapping,
+    #   and a template sent a thousand times would hold a thousand open files;
+    # - os and mmap let go of the GIL for each call, and beside a thread busy in Python
+    #   each costs up to a switch interval (5 ms) to get it back; these calls take
+    #   microseconds, so PyDLL holds the GIL through them (only os.pwrite, which copies
+    #   megabytes, lets go).
+    _LIBC: Final = ctypes.PyDLL(None, use_errno=True)
+    for _name, _result, _arguments in (
+        ("memfd_create", ctypes.c_int, [ctypes.c_char_p, ctypes.c_uint]),
+        ("ftruncate", ctypes.c_int, [ctypes.c_int, ctypes.c_long]),
+        ("fcntl", ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_int]),
+        ("open", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+        ("pread", ctypes.c_ssize_t, [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]),
+        ("close", ctypes.c_int, [ctypes.c_int]),
+        ("mmap", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]),
+        ("munmap", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]),
+    ):
+        getattr(_LIBC, _name).restype = _result
+        getattr(_LIBC, _name).argtypes = _arguments
+    del _name, _result, _arguments
 else:
     _SEAL_ALL = 0
 _MAP_FAILED: Final = ctypes.c_void_p(-1).value
+
+
+def _sys(result: int) -> int:
+    """``result`` of a libc call, or the OSError its errno names."""
+    if result == -1:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+    return result
 
 
 _READ_WRITE: Final = mmap.PROT_READ | mmap.PROT_WRITE
@@ -133,7 +154,7 @@ def _mapped_store(nbytes: int, fill: Fill) -> int | None:
     if not _SEAL_ALL or nbytes < _MAPPED_FROM or not _BUDGET.take():
         return None
     try:
-        fd = os.memfd_create("omni-requests sealed media", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        fd = _sys(_LIBC.memfd_create(b"omni-requests sealed media", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING))
     except OSError:
         _BUDGET.give_back()
         return None
@@ -150,20 +171,20 @@ def _mapped_store(nbytes: int, fill: Fill) -> int | None:
             view = view[done:]
 
     try:
-        os.ftruncate(fd, nbytes)
+        _sys(_LIBC.ftruncate(fd, nbytes))
         fill(write)
         if offset != nbytes:
             raise RuntimeError(f"a sealed store of {nbytes} bytes was given {offset}")
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SEAL_ALL)
+        _sys(_LIBC.fcntl(fd, fcntl.F_ADD_SEALS, _SEAL_ALL))
     except BaseException:
-        os.close(fd)
+        _LIBC.close(fd)
         _BUDGET.give_back()
         raise
     return fd
 
 
 def _close(fd: int) -> None:
-    os.close(fd)
+    _LIBC.close(fd)
     _BUDGET.give_back()
 
 
@@ -244,22 +265,19 @@ def _no_private_pages(address: int, nbytes: int) -> bool:
     yet; it is the memfd's too. Where the page map cannot be read, nothing is untouched.
     (Replacing the mapping itself with system calls is not seen: docs/security.md.)
     """
-    pages = -(-nbytes // _PAGE)
-    try:
-        fd = os.open("/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        raw = os.pread(fd, pages * 8, address // _PAGE * 8)
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    if len(raw) != pages * 8:
-        return False
     import numpy as np
 
-    entries = np.frombuffer(raw, dtype=np.uint64)
+    pages = -(-nbytes // _PAGE)
+    entries = np.empty(pages, dtype=np.uint64)
+    fd = _LIBC.open(b"/proc/self/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    if fd == -1:
+        return False
+    try:
+        read = _LIBC.pread(fd, entries.ctypes.data, entries.nbytes, address // _PAGE * 8)
+    finally:
+        _LIBC.close(fd)
+    if read != entries.nbytes:
+        return False
     private = ((entries & _PRESENT) != 0) & ((entries & _FILE_PAGE) == 0)
     return not (private.any() or ((entries & _SWAPPED) != 0).any())
 
@@ -463,10 +481,20 @@ def seal_image(image: Any) -> Any:
 
 
 def _tensor_maker(dtype: Any, shape: tuple[int, ...]) -> Callable[[Any, Seal | None], Any]:
+    import numpy as np
     import torch  # a tensor exists, so torch is imported already
 
+    # Built by numpy where the dtype has a numpy twin: torch.frombuffer and reshape each
+    # let go of the GIL, which beside a thread busy in Python can cost a switch interval.
+    try:
+        as_numpy = torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:  # bfloat16 and the like
+        as_numpy = None
+
     def make(buffer: Any, _: Seal | None) -> Any:
-        return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
+        if as_numpy is None:
+            return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
+        return torch.from_numpy(np.frombuffer(buffer, dtype=as_numpy).reshape(shape))
 
     return make
 

@@ -396,3 +396,52 @@ def test_a_sealed_tensor_holds_its_values_in_any_dtype_and_layout(
     key, sent = _sent(record, "video")
     assert sent.dtype == tensor.dtype and sent.shape == tensor.shape and torch.equal(sent, tensor)
     assert key == "stage0:rep0:" + HASHER.content_key("video", tensor) == _fresh_key("video", sent)
+
+
+@contextlib.contextmanager
+def _no_other_thread_may_run() -> Iterator[list[int]]:
+    """Yields a list that a waiting thread appends to if the GIL is ever let go inside.
+
+    With a switch interval longer than the test, only a call that releases the GIL (a
+    blocking system call, most C code that copies) lets the waiting thread run.
+    """
+    import sys
+    import threading
+    import time
+
+    go, ran = threading.Event(), []
+    waiter = threading.Thread(target=lambda: (go.wait(), ran.append(1)))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)  # first: the waiter's first wait for the GIL must be a long one
+    try:
+        waiter.start()  # it runs until it blocks in go.wait(), its first release
+        go.set()  # it now waits for the GIL alone
+        settled = time.perf_counter() + 0.005
+        while time.perf_counter() < settled:  # holding the GIL while it wakes and queues for it
+            pass
+        yield ran
+    finally:
+        sys.setswitchinterval(interval)
+        waiter.join()
+
+
+@pytest.mark.parametrize("kind", ["image", "tensor"])
+def test_a_reused_record_sends_its_item_without_letting_the_gil_go(store: str, kind: str) -> None:
+    # Beside a thread busy in Python each release costs up to a switch interval (5 ms)
+    # before the GIL comes back: a reused request must make no system call that lets go.
+    modality = "image" if kind == "image" else "video"
+    record = TextPrompt(prompt="x", multi_modal_data={modality: [_image() if kind == "image" else _tensor()]})
+    sent = [_sent(record, modality) for _ in range(2)]  # keyed, and the hand-out road warm
+    with _no_other_thread_may_run() as ran:
+        for _ in range(20):
+            sent.append(_sent(record, modality))
+            if kind == "image":  # each hand-out let go of, unmapped (torch's own tensor
+                del sent[0]  # deallocation sometimes lets go of the GIL: not ours to test)
+        if kind == "image":  # an untouched hand-out given back: its pages are checked, not copied
+            given_back = TextPrompt(prompt="y", multi_modal_data={modality: [sent[-1][1]]})
+        assert ran == [], "a reused record's hand-out let the GIL go"
+    if kind == "image":
+        assert _sealed.seal_of(given_back.multi_modal_data[modality][0]) is _sealed.seal_of(
+            record.multi_modal_data[modality][0]
+        )
+    assert len({key for key, _ in sent}) == 1
