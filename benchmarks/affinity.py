@@ -9,11 +9,14 @@ be hashed at most once a request. Requests, each with media never seen before:
   which copies the array once (the trust rule: records own their arrays), then one hash;
 - a record of a 19 MB video built beforehand (its copy made outside the timing), and the
   same record reused (its key already known: no hash at all);
-- a 4K PIL image, in a dict and in a record, and a 19 MB tensor video in a record:
-  their keys are never cached across requests (nothing stops writes to them), so one
+- a 4K PIL image in a dict: a dict's media are read as they are (not sealed), so one
   hash per request is the floor;
-- the PIL record handed back as a record and rendered by a separate ``to_vllm``: outside
-  the call, so its image is hashed again (shown, not judged).
+- a 4K PIL image and a 19 MB tensor video, each in a record built beforehand: the record
+  sealed its item (one copy, outside the timing), and the first request hashes the
+  sealed store once (its pages read for the first time); later requests of that record
+  would hash nothing, as for the reused array;
+- the PIL record handed back as a record and rendered by a separate ``to_vllm``: the
+  key routing computed is the seal's, so the later render reuses it (shown, not judged).
 
 Records are scoped with ``as_dicts=True`` (what the installed scoping does): the call
 returns the engine's dicts. Each figure is the request's time against one hash of the

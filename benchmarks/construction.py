@@ -5,19 +5,23 @@ array that is not already read-only down to a ``bytes`` object is copied into on
 the record is built. This suite times building a ``TextPrompt`` around a writable
 array (the copy plus the record) against one hash of the same array, by our hasher and
 by vLLM's ``MultiModalHasher``, and building it around an array already backed by
-``bytes`` (no copy), which is what decoders and ``pickle`` hand over.
+``bytes`` (no copy), which is what decoders and ``pickle`` hand over. PIL images and
+tensors are sealed (docs/design.md, "Tensors and PIL images: sealed"): one copy into a
+sealed store, timed the same way, and a record given an untouched hand-out of another
+record's image (no copy).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import numpy as np
 
 from omni_requests import MediaHasher, TextPrompt
 
-from ._harness import Row, compare, median_speedup, speedup
+from ._harness import Row, Timing, compare, median_speedup, speedup
 from .hashing import MB, MODEL, vllm_hasher, warm_allocator
 
 
@@ -53,31 +57,80 @@ def run(quick: bool) -> list[Row]:
         )
         copy, free = t["record (copy)"], t["record (bytes-backed, no copy)"]
         nbytes = array.nbytes
-        for name in ("ours", "vLLM"):
-            if name not in t:
-                continue
-            base = t[name]
+        copied = f"; {nbytes / copy.best / MB:.0f} MB/s copied"
+        rows += _versus_hashes(f"array {nbytes / MB:.0f} MB: a record's one copy", t, "record (copy)", copied)
+        rows.append(_no_copy(f"array {nbytes / MB:.0f} MB: a record given a bytes-backed array", copy, free))
+    rows.extend(_sealed_rows(quick, ours, hash_kwargs))
+    return rows
+
+
+def _sealed_rows(quick: bool, ours: MediaHasher, hash_kwargs: Callable[..., object] | None) -> list[Row]:
+    """The seal of a PIL image and of a tensor against one hash of each."""
+    import torch
+    from PIL import Image
+
+    rng = np.random.default_rng(4)
+    height, width = (1080, 1920) if quick else (2160, 3840)
+    image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    frames = 2 if quick else 8
+    tensor = torch.from_numpy(rng.integers(0, 256, (frames, 720, 1280, 3), dtype=np.uint8))
+    rows: list[Row] = []
+    for label, modality, item in (
+        (f"PIL image {width}x{height} RGB", "image", image),
+        (f"tensor {tensor.numel() / MB:.0f} MB", "video", tensor),
+    ):
+        sealed = _record(modality, item).multi_modal_data[modality][0]
+        assert sealed is not item
+        assert ours.key(modality, sealed) == ours.key(modality, item)
+        candidates: dict[str, Callable[[], object]] = {
+            "record (seal)": partial(_record, modality, item),
+            "ours": partial(ours.key, modality, item),
+        }
+        if modality == "image":  # an untouched hand-out takes the same seal
+            candidates["record (hand-out, no copy)"] = partial(_record, modality, sealed)
+        if hash_kwargs is not None:
+            candidates["vLLM"] = partial(hash_kwargs, "blake3", model_id=MODEL, **{modality: item})
+        t = compare(candidates, repeat=5 if quick else 15, number=1)
+        seal = t["record (seal)"]
+        rows += _versus_hashes(f"{label}: a record's seal (one copy)", t, "record (seal)")
+        if "record (hand-out, no copy)" in t:
+            free = t["record (hand-out, no copy)"]
+            rows.append(_no_copy(f"{label}: a record given another record's untouched image", seal, free))
+    return rows
+
+
+def _versus_hashes(what: str, t: dict[str, Timing], name: str, more: str = "") -> list[Row]:
+    """Rows of ``t[name]`` against one hash, ours and (when timed) vLLM's."""
+    built = t[name]
+    rows = []
+    for hasher in ("ours", "vLLM"):
+        if hasher in t:
+            base = t[hasher]
             rows.append(
                 Row(
                     "construction",
-                    f"array {nbytes / MB:.0f} MB: a record's one copy vs one hash ({name})",
-                    copy.best * 1e3,
+                    f"{what} vs one hash ({hasher})",
+                    built.best * 1e3,
                     "ms",
-                    baseline=f"{'our' if name == 'ours' else 'vLLM'} hash {base.best * 1e3:.3g} ms",
-                    ratio=copy.best / base.best,
-                    note=f"time ratio (lower: cheaper); on medians {copy.median / base.median:.2f}x; "
-                    f"{nbytes / copy.best / MB:.0f} MB/s copied",
+                    baseline=f"{'our' if hasher == 'ours' else 'vLLM'} hash {base.best * 1e3:.3g} ms",
+                    ratio=built.best / base.best,
+                    note=f"time ratio (lower: cheaper); on medians {built.median / base.median:.2f}x{more}",
                 )
             )
-        rows.append(
-            Row(
-                "construction",
-                f"array {nbytes / MB:.0f} MB: a record given a bytes-backed array (no copy)",
-                free.best * 1e6,
-                "us",
-                baseline=f"with the copy {copy.best * 1e3:.3g} ms",
-                ratio=speedup(copy, free),
-                note=f"on medians {median_speedup(copy, free):.0f}x",
-            )
-        )
     return rows
+
+
+def _no_copy(what: str, copied: Timing, free: Timing) -> Row:
+    return Row(
+        "construction",
+        f"{what} (no copy)",
+        free.best * 1e6,
+        "us",
+        baseline=f"with the copy {copied.best * 1e3:.3g} ms",
+        ratio=speedup(copied, free),
+        note=f"on medians {median_speedup(copied, free):.0f}x",
+    )
+
+
+def _record(modality: str, item: Any) -> TextPrompt:
+    return TextPrompt(prompt="x", multi_modal_data={modality: [item]})

@@ -8,7 +8,8 @@ of one template record, whose keys vLLM takes as they are. Both paths hit the pr
 cache on reuse (checked: no features are sent), so what is left is each path's own work.
 
 First use: each round both paths get media never seen before; the record path's timing
-includes building the record (its one copy of an array) and its key.
+includes building the record (its one copy of an array, or the seal of an image or
+tensor) and its key.
 
 Each figure is measured with idle cores and again with a thread busy in Python in the
 same process, as a server's event loop would be. Without vLLM the suite reports nothing.
@@ -75,7 +76,7 @@ def _kinds(quick: bool) -> list[tuple[str, str, Make, int]]:
         ),
         (f"audio {seconds} s 16 kHz float32", "audio", lambda n: (variant(audio, n), 16_000), audio.nbytes),
     ]
-    return kinds[:2] if quick else kinds  # --quick: a smoke test of both roads (cached, hashed each time)
+    return kinds[:2] if quick else kinds  # --quick: a smoke test of an array and a sealed image
 
 
 def run(quick: bool) -> list[Row]:
