@@ -396,10 +396,23 @@ def _sealed_image_type() -> type[Any]:
 
 def _layout(mode: str) -> str:
     """The raw layout a store of a ``mode`` image holds: Pillow's own, where it can be
-    handed out without a copy (RGB as RGBX rows needs ``Image.fromarrow``, Pillow 11.2)."""
+    handed out without a copy (RGB as RGBX rows needs ``Image.fromarrow``, see below)."""
+    return _IMAGE_LAYOUTS[mode] if mode != "RGB" or _rgb_over_rgbx() else "RGB"
+
+
+def _rgb_over_rgbx() -> bool:
+    """Whether Pillow can show RGBX rows as an RGB image without a copy.
+
+    ``Image.fromarrow`` (Pillow 11.2) does it, reading the rows through the Arrow export
+    of an image over the store's buffer. Before Pillow 13 that export reads a borrowed
+    image's memory through a null pointer and the process dies (python-pillow/Pillow
+    issue 9896; seen with 12.3.0): there RGB is stored packed, and each hand-out copies.
+    """
+    import PIL
     from PIL import Image  # an image exists, so Pillow is imported already
 
-    return _IMAGE_LAYOUTS[mode] if mode != "RGB" or hasattr(Image, "fromarrow") else "RGB"
+    major = PIL.__version__.split(".", 1)[0]
+    return hasattr(Image, "fromarrow") and major.isdigit() and int(major) >= 13
 
 
 def _image_maker(
@@ -455,7 +468,7 @@ def seal_image(image: Any) -> Any:
             return _as_given(image)
 
         def fill(write: Callable[[Any], None]) -> None:
-            if layout == "RGB":  # packed (Pillow without fromarrow)
+            if layout == "RGB":  # packed (Pillow without a safe fromarrow)
                 write(image.tobytes())
                 return
             # Pillow's own row copy, core to core, into a band of ours in the store's

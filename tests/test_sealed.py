@@ -74,7 +74,16 @@ def _same_pixels(a: Image.Image, b: Image.Image) -> bool:
 def _raw_write(image: Any) -> None:
     """Bytes written into a hand-out's memory below Pillow and torch, as a raw pointer would."""
     buffer = image._sealed[2]
+    if buffer is None:  # packed RGB (Pillow before 13): the hand-out owns its pixels, a copy
+        image.im.putpixel((0, 0), (255, 255, 255))  # no shared memory to reach below Pillow
+        return
     np.frombuffer(buffer, np.uint8)[:64] ^= 0xFF
+
+
+def _rgb_hand_outs_are_mappings() -> bool:
+    """Whether an RGB hand-out shares the store's memory (Pillow 13 on); before, it is a
+    copy no page check can watch: never pristine, and sealed again when given back."""
+    return _sealed._rgb_over_rgbx()
 
 
 IMAGE_WRITES: dict[str, Callable[[Any], None]] = {
@@ -115,7 +124,8 @@ def test_a_changed_hand_out_copies_and_seals_its_change_not_the_records(store: s
     # one, a copy of what it holds now: vLLM's parser copies every image it is given.
     record = TextPrompt(prompt="<image>", multi_modal_data={"image": _image()})
     _, sent = _sent(record)
-    assert sent.pristine() and type(sent.copy()) is type(sent)
+    mapped = _rgb_hand_outs_are_mappings()
+    assert sent.pristine() is mapped and (type(sent.copy()) is type(sent)) is mapped
     IMAGE_WRITES[write](sent)
     assert not sent.pristine()
     copied = ImageOps.exif_transpose(sent)
@@ -181,9 +191,9 @@ def test_a_sealed_item_is_hashed_once_however_often_it_is_sent(store: str, kind:
     # A pristine hand-out given back (from_vllm of the engine dict) keeps the seal and key.
     keys.add(_base(from_vllm(to_vllm(template)), 1, hasher, modality))
     assert len(keys) == 1
-    assert sum(Counting.computed.values()) == (
-        1 if kind == "image" else 2
-    )  # a tensor hand-out is sealed anew
+    # A tensor hand-out given back is sealed anew, and so is a copied RGB one.
+    resealed = kind == "tensor" or not _rgb_hand_outs_are_mappings()
+    assert sum(Counting.computed.values()) == (2 if resealed else 1)
 
 
 def test_the_kernel_refuses_every_write_to_a_mapped_store() -> None:
@@ -343,16 +353,33 @@ def test_scope_stage0_sends_a_changed_view_in_a_dict_as_it_is(store: str) -> Non
     assert out["multi_modal_uuids"]["image"][0].endswith(HASHER.content_key("image", image))
 
 
+@pytest.mark.parametrize("pillow", ["11.1, no fromarrow", "12.3, fromarrow unsafe"])
 def test_without_pillows_fromarrow_a_changed_rgb_hand_out_is_not_pristine(
-    store: str, monkeypatch: pytest.MonkeyPatch
+    store: str, pillow: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Pillow before 11.2: an RGB store is packed and each hand-out is a copy of it, which
-    # no page check can watch: such a hand-out is never taken as pristine.
-    monkeypatch.delattr(Image, "fromarrow")
-    _, sent = _sent(TextPrompt(prompt="<image>", multi_modal_data={"image": _image()}))
+    # Pillow before 11.2 has no fromarrow; before 13 its Arrow export of an image over a
+    # borrowed buffer kills the process (python-pillow/Pillow issue 9896, seen on 12.3.0).
+    # Either way an RGB store is packed and each hand-out is a copy of it, which no page
+    # check can watch: such a hand-out is never taken as pristine.
+    import PIL
+
+    if pillow.startswith("11.1"):
+        monkeypatch.delattr(Image, "fromarrow")
+    else:  # the road that crashed is not taken: fromarrow is never called
+        monkeypatch.setattr(PIL, "__version__", "12.3.0")
+        monkeypatch.setattr(Image, "fromarrow", _never_called)
+    image = _image()
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": image})
+    assert _same_pixels(record.multi_modal_data["image"][0], image)
+    assert _sent(record)[0] == _fresh_key("image", image)
+    _, sent = _sent(record)
     sent.paste((0, 0, 0), (0, 0, SIDE, SIDE))
     assert not sent.pristine() and _same_pixels(sent.copy(), sent)
     assert _same_pixels(_sent(TextPrompt(prompt="<image>", multi_modal_data={"image": sent}))[1], sent)
+
+
+def _never_called(*args: object, **kwargs: object) -> None:
+    raise AssertionError("Image.fromarrow called where Pillow cannot export a borrowed image")
 
 
 def test_a_palette_put_on_a_hand_outs_core_is_seen(store: str) -> None:
@@ -425,22 +452,25 @@ def _no_other_thread_may_run() -> Iterator[list[int]]:
         waiter.join()
 
 
-@pytest.mark.parametrize("kind", ["image", "tensor"])
+@pytest.mark.parametrize("kind", ["RGB image", "RGBA image", "tensor"])
 def test_a_reused_record_sends_its_item_without_letting_the_gil_go(store: str, kind: str) -> None:
     # Beside a thread busy in Python each release costs up to a switch interval (5 ms)
     # before the GIL comes back: a reused request must make no system call that lets go.
-    modality = "image" if kind == "image" else "video"
-    record = TextPrompt(prompt="x", multi_modal_data={modality: [_image() if kind == "image" else _tensor()]})
+    if kind == "RGB image" and not _rgb_hand_outs_are_mappings():
+        pytest.skip("before Pillow 13 an RGB hand-out is a copy, and given back it is sealed again")
+    modality = "video" if kind == "tensor" else "image"
+    item = _tensor() if kind == "tensor" else _image(mode=kind.split()[0])
+    record = TextPrompt(prompt="x", multi_modal_data={modality: [item]})
     sent = [_sent(record, modality) for _ in range(2)]  # keyed, and the hand-out road warm
     with _no_other_thread_may_run() as ran:
         for _ in range(20):
             sent.append(_sent(record, modality))
-            if kind == "image":  # each hand-out let go of, unmapped (torch's own tensor
+            if kind != "tensor":  # each hand-out let go of, unmapped (torch's own tensor
                 del sent[0]  # deallocation sometimes lets go of the GIL: not ours to test)
-        if kind == "image":  # an untouched hand-out given back: its pages are checked, not copied
+        if kind != "tensor":  # an untouched hand-out given back: its pages are checked, not copied
             given_back = TextPrompt(prompt="y", multi_modal_data={modality: [sent[-1][1]]})
         assert ran == [], "a reused record's hand-out let the GIL go"
-    if kind == "image":
+    if kind != "tensor":
         assert _sealed.seal_of(given_back.multi_modal_data[modality][0]) is _sealed.seal_of(
             record.multi_modal_data[modality][0]
         )
