@@ -142,16 +142,26 @@ def check_text(path: str, text: str) -> str:
     """``text`` when it encodes as UTF-8 (as every key does), else a clear error.
 
     A lone surrogate is a valid ``str`` that no key can hash; found here, it names its
-    field, where the engine would raise a bare ``UnicodeEncodeError``.
+    field, where the engine would raise a bare ``UnicodeEncodeError``. numpy's strings
+    (``np.str_``, and ``str()`` of one) can hold code points beyond U+10FFFF, which
+    Python's own strings never do: the encoder writes bytes for them that no decoder
+    reads back, so such a record could not be unpickled. The round trip finds them.
     """
     if not text.isascii():
         try:
-            text.encode("utf-8")
+            encoded = text.encode("utf-8")
         except UnicodeEncodeError as error:
             raise InvalidPromptError(
                 path,
                 f"contains a lone surrogate {text[error.start]!r} at index {error.start}, "
                 "which has no UTF-8 encoding to hash",
+            ) from None
+        try:
+            encoded.decode("utf-8")
+        except UnicodeDecodeError as error:
+            index = len(encoded[: error.start].decode("utf-8"))
+            raise InvalidPromptError(
+                path, f"contains a code point beyond U+10FFFF at index {index}, which is not Unicode"
             ) from None
     return text
 

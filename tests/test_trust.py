@@ -313,6 +313,36 @@ def test_lone_surrogates_are_refused_by_name(build: Any, path: str) -> None:
     assert caught.value.path == path
 
 
+def _beyond_unicode() -> Any:
+    """numpy's string holding code point 0x1000000, which no Python-made str can."""
+    text = np.array(["ab\U00100000"], dtype="<U3")
+    text.view(np.uint32)[2] = 0x1000000
+    return text[0]
+
+
+@pytest.mark.parametrize(
+    ("build", "path"),
+    [
+        (lambda: TextPrompt(prompt=_beyond_unicode()), "$.prompt"),
+        (
+            lambda: TextPrompt(prompt="x", multi_modal_data={"video": [str(_beyond_unicode())]}),
+            "$.multi_modal_data.video[0]",
+        ),
+        (
+            lambda: from_vllm({"prompt": "", "multi_modal_data": {"video": np.array([_beyond_unicode()])}}),
+            "$.multi_modal_data.video[0]",
+        ),
+    ],
+    ids=["prompt", "item", "numpy-string-array"],
+)
+def test_code_points_beyond_unicode_are_refused_by_name(build: Any, path: str) -> None:
+    # Accepted, such a record pickled into bytes that pickle.loads refuses (a draw of the
+    # fuzz run found it: tests/reliability/test_fuzz.py).
+    with pytest.raises(InvalidPromptError, match="beyond U\\+10FFFF at index 2") as caught:
+        build()
+    assert caught.value.path == path
+
+
 def test_cache_affinity_routes_any_key_text() -> None:
     assert CacheAffinity()(RouteRequest("r", [0, 1], ["a\ud800"])) in (0, 1)
 
