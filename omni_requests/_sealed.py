@@ -55,34 +55,47 @@ _FD_SHARE: Final = 4
 # The Pillow modes sealed, with the raw layout a store holds: Pillow keeps RGB as four
 # bytes a pixel, so an RGB store holds RGBX rows (see _layout).
 _IMAGE_LAYOUTS: Final = {"RGB": "RGBX", "RGBA": "RGBA", "L": "L"}
-if sys.platform == "linux":
+# The store's system calls go through libc, not Python's os and mmap modules:
+# - before Python 3.13 mmap.mmap keeps a duplicate of the file open for each mapping,
+#   and a template sent a thousand times would hold a thousand open files;
+# - os and mmap let go of the GIL for each call, and beside a thread busy in Python each
+#   costs up to a switch interval (5 ms) to get it back; these calls take microseconds,
+#   so PyDLL holds the GIL through them (only os.pwrite, which copies megabytes, lets go).
+_LIBC_CALLS: Final = (
+    ("memfd_create", ctypes.c_int, [ctypes.c_char_p, ctypes.c_uint]),
+    ("ftruncate", ctypes.c_int, [ctypes.c_int, ctypes.c_long]),
+    ("fcntl", ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_int]),
+    ("open", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
+    ("pread", ctypes.c_ssize_t, [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]),
+    ("close", ctypes.c_int, [ctypes.c_int]),
+    ("mmap", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]),
+    ("munmap", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]),
+)
+
+
+def _libc() -> Any:
+    """libc with the stores' calls declared, or None where one is missing (glibc before
+    2.27 has no memfd_create): then every store is a bytearray."""
+    if sys.platform != "linux":
+        return None
+    try:
+        libc = ctypes.PyDLL(None, use_errno=True)
+        for name, result, arguments in _LIBC_CALLS:
+            call = getattr(libc, name)
+            call.restype, call.argtypes = result, arguments
+    except (AttributeError, OSError):
+        return None
+    return libc
+
+
+_LIBC: Final = _libc()
+if _LIBC is not None:
     import fcntl
 
-    # Once added, no write, resize or new seal is ever allowed again, by anyone.
-    _SEAL_ALL: Final = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
-    # The store's system calls go through libc, not Python's os and mmap modules:
-    # - before Python 3.13 mmap.mmap keeps a duplicate of the file open for each mapping,
-    #   and a template sent a thousand times would hold a thousand open files;
-    # - os and mmap let go of the GIL for each call, and beside a thread busy in Python
-    #   each costs up to a switch interval (5 ms) to get it back; these calls take
-    #   microseconds, so PyDLL holds the GIL through them (only os.pwrite, which copies
-    #   megabytes, lets go).
-    _LIBC: Final = ctypes.PyDLL(None, use_errno=True)
-    for _name, _result, _arguments in (
-        ("memfd_create", ctypes.c_int, [ctypes.c_char_p, ctypes.c_uint]),
-        ("ftruncate", ctypes.c_int, [ctypes.c_int, ctypes.c_long]),
-        ("fcntl", ctypes.c_int, [ctypes.c_int, ctypes.c_int, ctypes.c_int]),
-        ("open", ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]),
-        ("pread", ctypes.c_ssize_t, [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]),
-        ("close", ctypes.c_int, [ctypes.c_int]),
-        ("mmap", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]),
-        ("munmap", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]),
-    ):
-        getattr(_LIBC, _name).restype = _result
-        getattr(_LIBC, _name).argtypes = _arguments
-    del _name, _result, _arguments
-else:
-    _SEAL_ALL = 0
+# Once added, no write, resize or new seal is ever allowed again, by anyone.
+_SEAL_ALL: Final = (
+    0 if _LIBC is None else fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_SEAL
+)
 _MAP_FAILED: Final = ctypes.c_void_p(-1).value
 
 

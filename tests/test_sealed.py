@@ -475,3 +475,39 @@ def test_a_reused_record_sends_its_item_without_letting_the_gil_go(store: str, k
             record.multi_modal_data[modality][0]
         )
     assert len({key for key, _ in sent}) == 1
+
+
+def test_without_memfd_create_in_libc_records_seal_into_bytearrays() -> None:
+    # glibc before 2.27 has no memfd_create: importing must still work, and every store is
+    # a private bytearray (each hand-out a copy), with the same keys and the same guarantee.
+    import subprocess
+    import sys
+
+    code = """
+import ctypes
+class NoMemfd(ctypes.PyDLL):
+    def __getattr__(self, name):
+        if name == "memfd_create":
+            raise AttributeError(name)
+        return super().__getattr__(name)
+ctypes.PyDLL = NoMemfd
+import numpy as np
+from PIL import Image
+from omni_requests import MediaHasher, TextPrompt, _sealed, scope_to_replica
+from omni_requests_vllm import to_vllm
+assert _sealed._LIBC is None and _sealed._SEAL_ALL == 0
+def original():
+    return Image.fromarray(np.random.default_rng(1).integers(0, 256, (640, 640, 3), dtype=np.uint8))
+image, hasher = original(), MediaHasher("m")
+record = TextPrompt(prompt="x", multi_modal_data={"image": image})
+view = record.multi_modal_data["image"][0]
+assert _sealed.seal_of(view)._fd is None  # 1.6 MB: a mapped store, had there been memfds
+view.putpixel((0, 0), (1, 2, 3))
+image.putpixel((1, 1), (4, 5, 6))
+sent = to_vllm(scope_to_replica(record, 0, hasher=hasher))
+assert sent["multi_modal_uuids"]["image"][0] == "stage0:rep0:" + hasher.content_key("image", original())
+assert sent["multi_modal_data"]["image"][0].tobytes() == original().tobytes()
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
