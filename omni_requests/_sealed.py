@@ -162,6 +162,24 @@ _BUDGET: Final = _Budget()
 Fill = Callable[[Callable[[Any], None]], None]
 
 
+def _fill_all(nbytes: int, fill: Fill, put: Callable[[memoryview, int], int]) -> None:
+    """Runs ``fill``, each chunk written by ``put(view, offset)`` (which returns how many
+    bytes it wrote), and checks that exactly ``nbytes`` came."""
+    offset = 0
+
+    def write(chunk: Any) -> None:
+        nonlocal offset
+        view = memoryview(chunk).cast("B")
+        while view:
+            done = put(view, offset)
+            offset += done
+            view = view[done:]
+
+    fill(write)
+    if offset != nbytes:
+        raise RuntimeError(f"a sealed store of {nbytes} bytes was given {offset}")
+
+
 def _mapped_store(nbytes: int, fill: Fill) -> int | None:
     """A sealed memfd of ``nbytes`` that ``fill`` wrote, or None where the system has none to spare."""
     if not _SEAL_ALL or nbytes < _MAPPED_FROM or not _BUDGET.take():
@@ -171,23 +189,11 @@ def _mapped_store(nbytes: int, fill: Fill) -> int | None:
     except OSError:
         _BUDGET.give_back()
         return None
-    offset = 0
-
-    def write(chunk: Any) -> None:
-        # Written, not mapped and filled: the kernel fills whole new pages as it copies,
-        # where a mapping would have it zero each one first (half the cost, measured).
-        nonlocal offset
-        view = memoryview(chunk).cast("B")
-        while view:
-            done = os.pwrite(fd, view, offset)
-            offset += done
-            view = view[done:]
-
     try:
         _sys(_LIBC.ftruncate(fd, nbytes))
-        fill(write)
-        if offset != nbytes:
-            raise RuntimeError(f"a sealed store of {nbytes} bytes was given {offset}")
+        # Written, not mapped and filled: the kernel fills whole new pages as it copies,
+        # where a mapping would have it zero each one first (half the cost, measured).
+        _fill_all(nbytes, fill, lambda view, offset: os.pwrite(fd, view, offset))
         _sys(_LIBC.fcntl(fd, fcntl.F_ADD_SEALS, _SEAL_ALL))
     except BaseException:
         _LIBC.close(fd)
@@ -216,17 +222,12 @@ class Seal:
         self._bytes: bytearray | None = None
         if fd is None:
             self._bytes = stored = bytearray(nbytes)  # private: only hand-outs' copies leave
-            offset = 0
 
-            def write(chunk: Any) -> None:
-                nonlocal offset
-                view = memoryview(chunk).cast("B")
+            def put(view: memoryview, offset: int) -> int:
                 stored[offset : offset + len(view)] = view
-                offset += len(view)
+                return len(view)
 
-            fill(write)
-            if offset != nbytes:
-                raise RuntimeError(f"a sealed store of {nbytes} bytes was given {offset}")
+            _fill_all(nbytes, fill, put)
         else:
             weakref.finalize(self, _close, fd)
 
