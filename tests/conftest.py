@@ -26,6 +26,14 @@ def video(seed: int, frames: int = 3, side: int = 8) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (frames, side, side, 3), dtype=np.uint8)
 
 
+def numpy_text_beyond_unicode(text: str) -> np.ndarray:
+    """``text`` (three characters) in a numpy string array whose last one is code point
+    0x1000000: numpy builds such strings, no Python-made ``str`` can hold one."""
+    array = np.array([text[:2] + "\U00100000"], dtype="<U3")
+    array.view(np.uint32)[2] = 0x1000000
+    return array
+
+
 def record_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, argument: int) -> list[object]:
     """Wrap ``owner.name`` so every call still runs and its positional ``argument`` is recorded."""
     seen: list[object] = []

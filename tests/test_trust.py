@@ -34,7 +34,7 @@ from omni_requests import (
 from omni_requests_omni import CacheAffinity, RouteRequest, Stage0Pool, scope_stage0
 from omni_requests_vllm import from_vllm, to_vllm
 
-from .conftest import video
+from .conftest import numpy_text_beyond_unicode, video
 
 HASHER = MediaHasher("/models/tiny-vl")
 
@@ -314,10 +314,7 @@ def test_lone_surrogates_are_refused_by_name(build: Any, path: str) -> None:
 
 
 def _beyond_unicode() -> Any:
-    """numpy's string holding code point 0x1000000, which no Python-made str can."""
-    text = np.array(["ab\U00100000"], dtype="<U3")
-    text.view(np.uint32)[2] = 0x1000000
-    return text[0]
+    return numpy_text_beyond_unicode("abc")[0]  # an np.str_
 
 
 @pytest.mark.parametrize(

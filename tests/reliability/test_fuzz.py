@@ -37,6 +37,7 @@ from omni_requests import (
 from omni_requests._records import values_equal
 from omni_requests_vllm import from_vllm, to_vllm
 
+from ..conftest import numpy_text_beyond_unicode
 from ._inputs import FIELDS, HAS_TORCH, garbage, near_valid_dicts, prompts, snapshot
 
 HASHER = MediaHasher("/models/fuzz")
@@ -247,20 +248,17 @@ _SCOPING = (
 _PARTS = st.one_of(st.none(), garbage(2), st.builds(TextPrompt, prompt=st.text(max_size=3)), _RECORDS)
 
 
-def _numpy_text_beyond_unicode() -> Any:
-    # A draw of hypothesis's on another machine: numpy's string array holding a code point
-    # beyond U+10FFFF, which the record took and pickle.loads then refused.
-    text = np.array(["\x00\x00\U00100000"], dtype="<U3")
-    text.view(np.uint32)[2] = 0x1000000
-    return text
-
-
 @QUICK
 @given(prompts())
+# A draw of this test's on another machine: numpy's string array holding a code point
+# beyond U+10FFFF, which the record took and pickle.loads then refused.
 @example(
     {
         "prompt": "",
-        "multi_modal_data": {"image": [np.array(0, np.uint8)], "video": _numpy_text_beyond_unicode()},
+        "multi_modal_data": {
+            "image": [np.array(0, np.uint8)],
+            "video": numpy_text_beyond_unicode("\x00\x00?"),
+        },
     }
 )
 def test_from_vllm_gives_a_record_or_our_error(value: Any) -> None:
