@@ -195,6 +195,10 @@ def _mapped_store(nbytes: int, fill: Fill) -> int | None:
         # where a mapping would have it zero each one first (half the cost, measured).
         _fill_all(nbytes, fill, lambda view, offset: os.pwrite(fd, view, offset))
         _sys(_LIBC.fcntl(fd, fcntl.F_ADD_SEALS, _SEAL_ALL))
+    except OSError:  # a file-size limit (RLIMIT_FSIZE: EFBIG), no room for the pages, ...
+        _LIBC.close(fd)
+        _BUDGET.give_back()
+        return None  # the store is a bytearray instead
     except BaseException:
         _LIBC.close(fd)
         _BUDGET.give_back()

@@ -477,6 +477,26 @@ def test_a_reused_record_sends_its_item_without_letting_the_gil_go(store: str, k
     assert len({key for key, _ in sent}) == 1
 
 
+def test_under_a_file_size_limit_records_seal_into_bytearrays() -> None:
+    # A memfd counts against RLIMIT_FSIZE (ulimit -f, systemd's LimitFSIZE): writing past
+    # it fails with EFBIG, and the record takes a bytearray store instead of failing.
+    import resource
+
+    if not _sealed._SEAL_ALL:
+        pytest.skip("no sealed memfds on this system")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 19, hard))  # 512 KiB; the image is 1.6 MB
+    try:
+        image, tensor = _image(), _tensor()
+        record = TextPrompt(prompt="x", multi_modal_data={"image": image, "video": tensor})
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    for modality, item in (("image", image), ("video", tensor)):
+        assert _sealed.seal_of(record.multi_modal_data[modality][0])._fd is None
+        key, sent = _sent(record, modality)
+        assert key == _fresh_key(modality, item) == _fresh_key(modality, sent)
+
+
 def test_without_memfd_create_in_libc_records_seal_into_bytearrays() -> None:
     # glibc before 2.27 has no memfd_create: importing must still work, and every store is
     # a private bytearray (each hand-out a copy), with the same keys and the same guarantee.
