@@ -17,7 +17,7 @@ class OmniRequestsError(Exception):
     def __init__(self, path: str, message: str) -> None:
         self.path = path
         self.message = message
-        super().__init__(f"{path}: {message}")
+        super().__init__(_printable(f"{path}: {message}"))
 
     def __reduce__(self) -> tuple[type[OmniRequestsError], tuple[str, str]]:
         # Errors cross process boundaries (engines run workers); keep them picklable.
@@ -44,6 +44,19 @@ class InvalidPromptError(OmniRequestsError, ValueError):
 
 class PromptTypeError(OmniRequestsError, TypeError):
     """A value has a type the field does not accept."""
+
+
+def _printable(text: str) -> str:
+    """``text``, escaped where UTF-8 cannot carry it: a path or message may echo a caller's
+    key holding a lone surrogate (or numpy's code point beyond U+10FFFF), and an error
+    that cannot be printed or logged hides the problem it reports."""
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return ascii(text)[1:-1]
+    return text
 
 
 def type_name(value: object) -> str:

@@ -124,7 +124,11 @@ def _carries_media(prompt: object) -> bool:
             return _carries_media(prompt.get("encoder_prompt")) or _carries_media(
                 prompt.get("decoder_prompt")
             )
-        return bool(prompt.get("multi_modal_data"))
+        data = prompt.get("multi_modal_data")
+        try:
+            return bool(data)
+        except (ValueError, RuntimeError):  # an array or tensor of several values, not a map:
+            return True  # converting it refuses it by name
     return False
 
 

@@ -24,7 +24,7 @@ from omni_requests import (
 )
 from omni_requests_vllm import from_vllm, to_vllm
 
-from ..conftest import video
+from ..conftest import numpy_text_beyond_unicode, video
 
 
 def test_text_prompt_renders_only_the_fields_that_are_set() -> None:
@@ -143,6 +143,19 @@ def test_bad_dicts_name_the_field(prompt: object, error: type[Exception], path: 
     with pytest.raises(error) as caught:
         from_vllm(prompt)
     assert caught.value.path == path  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "key", ["a\ud800", str(numpy_text_beyond_unicode("abc")[0])], ids=["surrogate", "beyond-unicode"]
+)
+def test_an_error_naming_a_key_utf8_cannot_carry_still_prints(key: str) -> None:
+    # The path keeps the key as given; the message escapes it, so printing or logging
+    # the error cannot itself fail with a UnicodeEncodeError.
+    with pytest.raises(InvalidPromptError) as caught:
+        from_vllm({"prompt": "x", key: 1})
+    assert caught.value.path == f"$.{key}"
+    text = str(caught.value)
+    assert text.encode("utf-8").decode("utf-8") == text and "unknown field" in text
 
 
 def test_to_vllm_refuses_non_records() -> None:

@@ -114,6 +114,18 @@ def test_a_bad_prompt_raises_before_a_replica_is_bound() -> None:
     assert select.seen == []  # nothing to release: preprocessing never started
 
 
+@pytest.mark.parametrize("data", ["array", "tensor"])
+def test_an_array_or_tensor_as_the_whole_multi_modal_data_is_refused_by_name(data: str) -> None:
+    # Its truth value is ambiguous (numpy and torch raise); read as media, conversion
+    # refuses it with our error instead of numpy's ValueError or torch's RuntimeError.
+    value: Any = video_array(1)
+    if data == "tensor":
+        value = pytest.importorskip("torch").from_numpy(value)
+    with pytest.raises(PromptTypeError) as caught:
+        scope_stage0({"prompt": "x", "multi_modal_data": value}, pool=_pool(2), hasher=HASHER)
+    assert caught.value.path == "$.multi_modal_data"
+
+
 # -- pass-through cases (design.md §2) -------------------------------------------------------
 
 
