@@ -329,8 +329,12 @@ def freeze_option(value: object, path: str, depth: int = 0) -> object:
 
     Arrays become immutable like media (:func:`immutable_array`); a bytearray or
     memoryview becomes ``bytes`` (a copy): the caller could write through either, and a
-    memoryview cannot be pickled. Other objects are kept as given.
+    memoryview cannot be pickled. Text must encode as UTF-8 (:func:`check_text`): the
+    wire format and vLLM's hasher encode it. Other objects are kept as given.
     """
+    if isinstance(value, str):
+        check_text(path, str.__str__(value))
+        return value
     if isinstance(value, np.ndarray):
         return value if value.dtype.hasobject or value.dtype.itemsize == 0 else immutable_array(value)
     if isinstance(value, (bytearray, memoryview)):

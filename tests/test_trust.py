@@ -304,8 +304,29 @@ def test_huge_replica_ids_are_refused_before_rendering(replica: int) -> None:
             "$.multi_modal_uuids.video[0]",
         ),
         (lambda: MediaHasher("model\ud800"), "$.model_id"),
+        (
+            lambda: TextPrompt(prompt="x", mm_processor_kwargs={"mode": "a\udc80"}),
+            "$.mm_processor_kwargs.mode",
+        ),
+        (
+            lambda: TextPrompt(prompt="x", media_io_kwargs={"video": {"backends": ["cv2", "\ud800"]}}),
+            "$.media_io_kwargs.video.backends[1]",
+        ),
+        (
+            lambda: from_vllm({"prompt": "x", "additional_information": {"speaker": "\udfff"}}),
+            "$.additional_information.speaker",
+        ),
     ],
-    ids=["item", "dict-key", "modality", "uuid", "model-id"],
+    ids=[
+        "item",
+        "dict-key",
+        "modality",
+        "uuid",
+        "model-id",
+        "processor-option",
+        "media-io-option",
+        "stage-payload",
+    ],
 )
 def test_lone_surrogates_are_refused_by_name(build: Any, path: str) -> None:
     with pytest.raises(InvalidPromptError, match="surrogate") as caught:
@@ -329,8 +350,12 @@ def _beyond_unicode() -> Any:
             lambda: from_vllm({"prompt": "", "multi_modal_data": {"video": np.array([_beyond_unicode()])}}),
             "$.multi_modal_data.video[0]",
         ),
+        (
+            lambda: TextPrompt(prompt="x", mm_processor_kwargs={"mode": _beyond_unicode()}),
+            "$.mm_processor_kwargs.mode",
+        ),
     ],
-    ids=["prompt", "item", "numpy-string-array"],
+    ids=["prompt", "item", "numpy-string-array", "processor-option"],
 )
 def test_code_points_beyond_unicode_are_refused_by_name(build: Any, path: str) -> None:
     # Accepted, such a record pickled into bytes that pickle.loads refuses (a draw of the
