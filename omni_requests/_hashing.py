@@ -29,6 +29,7 @@ from blake3 import blake3
 from pyrsistent import PVector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._exif import exif_untouched
 from ._image_road import pixels
 from ._media import (
     MediaKind,
@@ -236,14 +237,15 @@ def _as_vllm_parses_image(image: Any) -> Any:
     """
     from PIL import Image, ImageOps  # an image exists, so Pillow is imported already
 
-    try:
-        exif = image.getexif()
-        transpose = exif.get(EXIF_ORIENTATION, 1) != 1 or EXIF_IMAGE_ID in exif
-    except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
-        transpose = False
-    if transpose:
-        with contextlib.suppress(Exception):
-            image = ImageOps.exif_transpose(image)
+    with exif_untouched(image):
+        try:
+            exif = image.getexif()
+            transpose = exif.get(EXIF_ORIENTATION, 1) != 1 or EXIF_IMAGE_ID in exif
+        except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
+            transpose = False
+        if transpose:
+            with contextlib.suppress(Exception):
+                image = ImageOps.exif_transpose(image)
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
         rgba = image if image.mode == "RGBA" else image.convert("RGBA")
         flat = Image.new("RGB", rgba.size, (255, 255, 255))
@@ -256,7 +258,8 @@ def _parse_inputs(image: Any) -> tuple[object, object]:
     """The EXIF orientation and the transparency entry: what vLLM's image parser reads
     besides the pixels, mode and palette (see :func:`_as_vllm_parses_image`)."""
     try:
-        orientation = image.getexif().get(EXIF_ORIENTATION)
+        with exif_untouched(image):
+            orientation = image.getexif().get(EXIF_ORIENTATION)
     except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
         orientation = None
     transparency = image.info.get("transparency")
@@ -268,7 +271,8 @@ def _parse_inputs(image: Any) -> tuple[object, object]:
 
 def _exif_image_id(image: Any) -> bytes | None:
     try:
-        image_id = image.getexif().get(EXIF_IMAGE_ID)
+        with exif_untouched(image):
+            image_id = image.getexif().get(EXIF_IMAGE_ID)
     except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
         return None
     return image_id.bytes if isinstance(image_id, uuid.UUID) else None

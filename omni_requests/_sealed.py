@@ -40,6 +40,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
+from ._exif import copy_with_exif, exif_edited
 from ._identity import IdentityMap
 
 __all__: list[str] = []
@@ -329,9 +330,7 @@ def _as_given(value: Any) -> Any:
     if _VIEWS.get(value) is None:
         return value
     if hasattr(value, "pristine"):  # an image
-        from PIL import Image
-
-        return value if value.pristine() else Image.Image.copy(value)
+        return value if value.pristine() else copy_with_exif(value)
     return value.clone()  # a tensor: its writes cannot be told, so it is copied
 
 
@@ -371,7 +370,7 @@ def _sealed_image_type() -> type[Any]:
                 or self._size != size
             ):
                 return False  # a new core, or a palette put on this one (its mode becomes "P")
-            if self.palette is not None:
+            if self.palette is not None or exif_edited(self):
                 return False
             try:
                 same_info = bool(self.info == (info or {}))
@@ -459,17 +458,25 @@ def _image_maker(
 def seal_image(image: Any) -> Any:
     """A record's view of a sealed copy of ``image``, or ``image`` where it cannot be sealed.
 
-    Sealed: RGB, RGBA and L images without a palette, whose view reads the same to vLLM's
-    parser (EXIF ImageID and orientation, transparency) as ``image`` does. Other images
-    are kept as given and hashed on every render, as before. A hand-out of a seal that
-    no one has changed takes the same seal: no copy, and the key already computed.
+    Sealed: RGB, RGBA and L images without a palette or EXIF tags edited through
+    ``getexif()``, whose view reads the same to vLLM's parser (EXIF ImageID and
+    orientation, transparency) as ``image`` does. Other images are kept as given and
+    hashed on every render, as before (a record's changed view as a copy of it). A
+    hand-out of a seal that no one has changed takes the same seal: no copy, and the key
+    already computed.
     """
     from PIL import Image  # an image exists, so Pillow is imported already
 
     from ._hashing import _exif_image_id, _parse_inputs  # here: _hashing imports this module
 
     mode = image.mode
-    if mode not in _IMAGE_LAYOUTS or image.palette is not None or 0 in image.size or not _SEALING.get():
+    if (
+        mode not in _IMAGE_LAYOUTS
+        or image.palette is not None
+        or 0 in image.size
+        or not _SEALING.get()
+        or exif_edited(image)  # tags set through getexif(), not in info: a seal would drop them
+    ):
         return _as_given(image)
     if _SEALED_IMAGE and isinstance(image, _SEALED_IMAGE[0]) and image.pristine():
         view = _register(image._sealed[0])

@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 
-from ._hashing import ALGORITHMS, EXIF_IMAGE_ID, MediaHasher, _as_vllm_parses_image
+from ._hashing import ALGORITHMS, EXIF_IMAGE_ID, MediaHasher, _as_vllm_parses_image, _exif_image_id
 from ._media import IMAGE_MODES as _MODES
 from ._media import PALETTE_MODES, MediaKind, is_pil_image, media_kind, tensor_bytes
 from ._records import EmbedsPrompt, EncoderDecoderPrompt, Prompt, SinglePrompt, TextPrompt, TokensPrompt
@@ -888,9 +888,9 @@ def _content(value: object) -> object:
         data = _content(media.item()) if media.ndim == 0 else media.tobytes()
         return ("ndarray", media.dtype.str, media.shape, data)
     if kind is MediaKind.IMAGE:
-        image_id = media.getexif().get(EXIF_IMAGE_ID)
-        if isinstance(image_id, uuid.UUID):
-            return image_id.bytes
+        image_id = _exif_image_id(media)
+        if image_id is not None:
+            return image_id
         pixels = np.asarray(media)
         palette = media.palette
         colors = None if palette is None else (_content(palette.palette), palette.rawmode)

@@ -38,6 +38,7 @@ from hypothesis import strategies as st
 from pyrsistent import PVector, pvector
 
 from ._errors import type_name
+from ._exif import copy_with_exif, exif_untouched
 from ._hashing import EXIF_IMAGE_ID
 from ._keys import looks_scoped
 from ._media import MediaKind, media_kind, tensor_bytes
@@ -197,11 +198,7 @@ def _copy_media(value: object) -> Any:
     if kind is MediaKind.ARRAY:
         return np.array(media, copy=True, order="K")
     if kind is MediaKind.IMAGE:
-        copy = media.copy()
-        exif = media.getexif()
-        if EXIF_IMAGE_ID in exif:  # Image.copy() drops EXIF set in memory; vLLM keys on it
-            copy.getexif()[EXIF_IMAGE_ID] = exif[EXIF_IMAGE_ID]
-        return copy
+        return copy_with_exif(media)  # Image.copy() drops EXIF set in memory; vLLM keys on it
     if kind is MediaKind.TENSOR:
         return media.clone()
     if kind is MediaKind.SEQUENCE:
@@ -330,7 +327,8 @@ def _snapshot(value: object) -> Any:
         return ("ndarray", media.dtype.str, media.shape, media.tobytes())
     if kind is MediaKind.IMAGE:
         palette = media.palette
-        exif = media.getexif().get(EXIF_IMAGE_ID)
+        with exif_untouched(media):
+            exif = media.getexif().get(EXIF_IMAGE_ID)
         colors = None if palette is None else (bytes(palette.palette), palette.rawmode)
         return ("image", media.mode, media.size, media.tobytes(), colors, repr(exif))
     if kind is MediaKind.TENSOR:

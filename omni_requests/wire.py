@@ -57,6 +57,7 @@ from . import (
     TokensPrompt,
     __version__,
 )
+from ._exif import exif_untouched
 from ._hashing import EXIF_IMAGE_ID, EXIF_ORIENTATION
 from ._media import (  # the caller's modality order: a PMap iterates in its own
     IMAGE_MODES,
@@ -339,8 +340,9 @@ def _image_tree(image: Any, path: str) -> list[Any]:
     if "transparency" in image.info:
         extras["transparency"] = _value_tree(image.info["transparency"], f"{path}.info.transparency")
     try:
-        exif = image.getexif()
-        image_id, orientation = exif.get(EXIF_IMAGE_ID), exif.get(EXIF_ORIENTATION)
+        with exif_untouched(image):
+            exif = image.getexif()
+            image_id, orientation = exif.get(EXIF_IMAGE_ID), exif.get(EXIF_ORIENTATION)
     except Exception:  # noqa: BLE001 - malformed EXIF: vLLM and our hasher ignore it too
         image_id = orientation = None
     if isinstance(image_id, uuid.UUID):

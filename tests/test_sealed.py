@@ -17,6 +17,7 @@ import io
 import mmap
 import os
 import pickle
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,7 +26,8 @@ import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageOps
 
-from omni_requests import MediaHasher, PromptTypeError, TextPrompt, _sealed, scope_to_replica
+from omni_requests import MediaHasher, PromptTypeError, TextPrompt, _sealed, scope_to_replica, testing, wire
+from omni_requests._hashing import EXIF_IMAGE_ID, EXIF_ORIENTATION
 from omni_requests_vllm import from_vllm, to_vllm
 
 from .conftest import CountingHasher as Counting
@@ -531,3 +533,86 @@ print("ok")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+# EXIF tags set through getexif() live in Pillow's cache on the image, not in its info.
+EXIF_EDITS: dict[str, Callable[[Any], None]] = {
+    "orientation": lambda image: image.getexif().__setitem__(EXIF_ORIENTATION, 6),
+    "ImageID": lambda image: image.getexif().__setitem__(EXIF_IMAGE_ID, uuid.UUID(int=7)),
+    "sub-directory": lambda image: image.getexif().get_ifd(0x8769).__setitem__(0x9003, "2026:12:04"),
+}
+
+
+def _vllm_key(image: Any) -> str:
+    """vLLM's own key of ``image`` as its parser hands it to the hasher: turned upright
+    (a copy, which drops an ImageID set in memory) and in RGB."""
+    vllm_hasher = pytest.importorskip("vllm.multimodal.hasher").MultiModalHasher
+    parsed = ImageOps.exif_transpose(image).convert("RGB")
+    return "stage0:rep0:" + vllm_hasher.hash_kwargs("blake3", model_id=HASHER.model_id, image=parsed)
+
+
+@pytest.mark.parametrize("edit", list(EXIF_EDITS), ids=list(EXIF_EDITS))
+def test_an_exif_edit_on_a_view_is_a_change_that_new_records_and_scope_stage0_send(
+    store: str, edit: str
+) -> None:
+    omni = pytest.importorskip("omni_requests_omni")
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _image()})
+    first, sent = _sent(record)
+    for target in (sent, record.multi_modal_data["image"][0]):
+        EXIF_EDITS[edit](target)
+        assert not target.pristine()
+        tags = dict(target.getexif())
+        reused = TextPrompt(prompt="<image>", multi_modal_data={"image": target})
+        pool = omni.Stage0Pool(replicas=2, select=lambda request: 0)
+        dict_road = omni.scope_stage0(
+            {"prompt": "<image>", "multi_modal_data": {"image": target}},
+            pool=pool,
+            hasher=HASHER,
+            request_id="r",
+        )[1]
+        for out in (to_vllm(scope_to_replica(reused, 0, hasher=HASHER)), dict_road):
+            key, again = out["multi_modal_uuids"]["image"][0], out["multi_modal_data"]["image"][0]
+            assert dict(again.getexif()) == tags and _same_pixels(again, target)
+            assert key == _vllm_key(target) == "stage0:rep0:" + HASHER.content_key("image", target)
+            if edit == "sub-directory":
+                assert again.getexif().get_ifd(0x8769) == target.getexif().get_ifd(0x8769)
+        assert _sent(record)[0] == first  # the record itself sends what it sealed
+
+
+def scope_stage0_of(image: Any) -> Any:
+    omni = pytest.importorskip("omni_requests_omni")
+    pool = omni.Stage0Pool(replicas=2, select=lambda request: 0)
+    given = {"prompt": "<image>", "multi_modal_data": {"image": image}}
+    return omni.scope_stage0(given, pool=pool, hasher=HASHER, request_id="r")
+
+
+@pytest.mark.parametrize(
+    "look",
+    [
+        lambda image: HASHER.key("image", image),
+        lambda image: HASHER.content_key("image", image),
+        lambda image: TextPrompt(prompt="<image>", multi_modal_data={"image": image}),
+        lambda image: wire.encode(TextPrompt(prompt="<image>", multi_modal_data={"image": image})),
+        lambda image: scope_stage0_of(image),
+        lambda image: (testing._snapshot(image), testing._copy_media(image)),
+    ],
+    ids=["key", "content_key", "record", "wire", "scope_stage0", "testing"],
+)
+def test_looking_at_a_callers_image_leaves_its_exif_to_be_read_afresh(look: Callable[[Any], Any]) -> None:
+    # Pillow keeps what getexif() parsed on the image and never reads info again: had we
+    # filled that cache, tags the caller sets in info afterwards would not reach vLLM.
+    image = _image()
+    look(image)
+    tagged = Image.new("RGB", (1, 1))
+    tagged.getexif()[EXIF_ORIENTATION] = 6
+    image.info["exif"] = tagged.getexif().tobytes()
+    assert image.getexif().get(EXIF_ORIENTATION) == 6
+    assert "stage0:rep0:" + HASHER.content_key("image", image) == _vllm_key(image) != _vllm_key(_image())
+
+
+def test_an_image_with_exif_edited_in_memory_is_kept_as_given_with_its_tags(store: str) -> None:
+    image = _image()
+    image.getexif()[EXIF_ORIENTATION] = 6
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": image})
+    key, sent = _sent(record)
+    assert sent.getexif().get(EXIF_ORIENTATION) == 6 and key == _vllm_key(image)
