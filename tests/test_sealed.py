@@ -177,6 +177,16 @@ def test_writes_to_a_tensor_a_record_sent_or_shows_never_reach_it(store: str, wr
         assert sent._version == version  # torch's counter saw nothing: no cache could rest on it
 
 
+def test_a_tensor_hand_outs_storage_cannot_grow_as_with_any_tensor_from_numpy(store: str) -> None:
+    # What docs/design.md says its holder may not do; everything else in TENSOR_WRITES it may.
+    record = TextPrompt(prompt="<video>", multi_modal_data={"video": [_tensor()]})
+    sent = _sent(record, "video")[1]
+    with pytest.raises(RuntimeError, match="not resizable"):
+        sent.resize_(sent.numel() + 1)
+    with pytest.raises(RuntimeError, match="not resizable"):
+        torch.from_numpy(np.zeros(4, np.float32)).resize_(5)  # the same refusal, by torch
+
+
 def _base(record: Any, replica: int, hasher: MediaHasher, modality: str) -> str:
     key: str = to_vllm(scope_to_replica(record, replica, hasher=hasher))["multi_modal_uuids"][modality][0]
     return key.rsplit(":", 1)[1]
