@@ -2,28 +2,47 @@
 
 Pillow parses an image's EXIF on its first ``getexif()`` and keeps the result on the
 image (``_exif``). That cache is state: once filled, ``getexif()`` never reads
-``image.info`` again, so a caller who later sets ``info["exif"]`` (a new EXIF ImageID,
-say) would have vLLM read the old tags. Edits made through ``getexif()`` live only in the
-cache, not in ``info``, and ``Image.copy()`` drops them.
+``image.info`` again, so a caller who later sets ``info["exif"]`` would have vLLM read
+the old tags. Tags set or deleted through ``getexif()`` live only in the cache, not in
+``info``, and ``Image.copy()`` drops them.
+
+vLLM's image parser reads two tags: the orientation (it turns the image upright) and the
+ImageID (its hasher keys an image by a UUID there). Edits to those are what a record must
+carry; other tags reach no key and no pixel, and are dropped as ``Image.copy()`` drops them.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 __all__: list[str] = []
+
+# EXIF tag 0x800D, "ImageID" (PIL.ExifTags.Base.ImageID): vLLM keys an image by this UUID when set.
+EXIF_IMAGE_ID: Final = 0x800D
+# EXIF tag 0x0112, "Orientation": vLLM's parser turns the image upright by it.
+EXIF_ORIENTATION: Final = 0x0112
+# The tags vLLM's image parser reads.
+PARSER_TAGS: Final = (EXIF_ORIENTATION, EXIF_IMAGE_ID)
+
+# What an edit that deleted a tag records.
+DELETED: Final = None
+
+ExifEdits = dict[int, Any]
+"""Parser tags as ``getexif()`` gives them where ``info`` says otherwise: tag -> value, or
+:data:`DELETED`."""
 
 
 @contextlib.contextmanager
 def exif_untouched(image: Any) -> Iterator[None]:
     """Inside, ``image.getexif()`` may be called; after, Pillow's cache is as it was.
 
-    A caller's image is not ours to change: an empty cache is emptied again.
+    A caller's image is not ours to change: an empty cache is emptied again. Not a TIFF's:
+    its EXIF is read from the file, which loading it (as hashing does) closes, after
+    turning the image upright by the cache it fills; that cache cannot be read again.
     """
-    empty = getattr(image, "_exif", None) is None
+    empty = getattr(image, "_exif", None) is None and not hasattr(image, "tag_v2")
     try:
         yield
     finally:
@@ -31,39 +50,71 @@ def exif_untouched(image: Any) -> Iterator[None]:
             image._exif = None
 
 
-def exif_edited(image: Any) -> bool:
-    """True when ``image.getexif()`` gives other tags than ``image.info`` holds.
+def parser_tags(image: Any) -> dict[int, Any]:
+    """The parser's tags that ``image.getexif()`` holds, the image left as it was.
 
-    That is, tags were set or deleted through ``getexif()`` (or ``info`` changed after it
-    was read): ``Image.copy()`` and a seal, both built from ``info``, would drop them.
-    Where it cannot be told (a TIFF file, whose EXIF is read from the file), True.
+    Raises what ``getexif()`` raises (malformed EXIF).
     """
-    exif = getattr(image, "_exif", None)
-    if exif is None:
-        return False
-    if hasattr(image, "tag_v2"):
-        return True
+    with exif_untouched(image):
+        exif = image.getexif()
+        return {tag: exif[tag] for tag in PARSER_TAGS if tag in exif}
+
+
+def exif_edits(image: Any) -> ExifEdits | None:
+    """The parser's tags that ``image.getexif()`` gives otherwise than ``image.info`` holds
+    (set or deleted through ``getexif()``), or None when they agree.
+
+    Cheap where nothing was parsed yet (no cache: ``getexif()`` will read ``info``). None
+    for a TIFF, whose tags come from its file, not ``info``, and for malformed EXIF: the
+    copy a record makes is then compared with the image instead (see ``seal_image``).
+    """
+    if getattr(image, "_exif", None) is None or hasattr(image, "tag_v2"):
+        return None
     from PIL import Image  # an image exists, so Pillow is imported already
 
     try:
+        cached = parser_tags(image)
         probe = Image.Image()  # no pixels: only its info is read
         probe.info = image.info
-        parsed, cached = probe.getexif(), image.getexif()
-        if dict(cached) != dict(parsed):
-            return True
-        # Sub-directories (Exif, GPS) are parsed when first asked for, and edited there.
-        return any(cached.get_ifd(tag) != parsed.get_ifd(tag) for tag in list(cached._ifds))
-    except Exception:  # noqa: BLE001 - malformed EXIF, or a value whose == raises: not as info says
+        parsed = parser_tags(probe)
+    except Exception:  # noqa: BLE001 - malformed EXIF: vLLM tolerates it, and so do the callers
+        return None
+    edits = {
+        tag: cached.get(tag, DELETED)
+        for tag in PARSER_TAGS
+        if (tag in cached) != (tag in parsed) or not same_value(cached.get(tag), parsed.get(tag))
+    }
+    return edits or None
+
+
+def same_value(a: object, b: object) -> bool:
+    """``a == b`` for tag values, where an ``==`` that raises or is not a bool means no."""
+    if a is b:
         return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - a value whose == raises was put there
+        return False
+
+
+def apply_exif_edits(image: Any, edits: ExifEdits) -> None:
+    """Sets ``edits`` in ``image.getexif()`` (deletes the :data:`DELETED` ones): on an
+    image of ours, whose cache then holds them."""
+    exif = image.getexif()
+    for tag, value in edits.items():
+        if value is DELETED:
+            exif.pop(tag, None)
+        else:
+            exif[tag] = value
 
 
 def copy_with_exif(image: Any) -> Any:
-    """A plain copy of ``image`` (``Image.Image.copy``) that keeps tags edited through
-    ``getexif()``, which Pillow's own copy drops."""
+    """A plain copy of ``image`` (``Image.Image.copy``) that keeps the parser's tags edited
+    through ``getexif()``, which Pillow's own copy drops."""
     from PIL import Image  # an image exists, so Pillow is imported already
 
     copied = Image.Image.copy(image)
-    exif = getattr(image, "_exif", None)
-    if exif is not None:
-        copied._exif = copy.deepcopy(exif)
+    edits = exif_edits(image)
+    if edits:
+        apply_exif_edits(copied, edits)
     return copied

@@ -29,7 +29,7 @@ from blake3 import blake3
 from pyrsistent import PVector
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
-from ._exif import exif_untouched
+from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
 from ._image_road import pixels
 from ._media import (
     MediaKind,
@@ -61,10 +61,6 @@ _TAG_LEAF: Final = b"\x03"
 _PARALLEL_BYTES: Final = 8 << 20
 # Non-contiguous arrays are streamed in C order in blocks of about this size.
 _BLOCK_BYTES: Final = 16 << 20
-# EXIF tag 0x800D, "ImageID" (PIL.ExifTags.Base.ImageID): vLLM keys an image by this UUID when set.
-EXIF_IMAGE_ID: Final = 0x800D
-# EXIF tag 0x0112, "Orientation": vLLM's parser turns the image upright by it.
-EXIF_ORIENTATION: Final = 0x0112
 
 # A fingerprint reads buffers up to this size whole, larger ones as evenly spaced samples.
 _SAMPLES: Final = 16

@@ -40,7 +40,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from ._exif import copy_with_exif, exif_edited
+from ._exif import ExifEdits, apply_exif_edits, copy_with_exif, exif_edits, parser_tags, same_value
 from ._identity import IdentityMap
 
 __all__: list[str] = []
@@ -353,14 +353,15 @@ def _sealed_image_type() -> type[Any]:
         holder may change it. Until someone does, :meth:`copy` is another hand-out of the
         same pixels (a mapping, not a copy of the pixels; vLLM's image parser copies every
         image it is given), and a record given it takes the same seal (and cached key).
-        It pickles as a plain image.
+        It pickles as a plain image (through omni-requests where its orientation or
+        ImageID was set through ``getexif()``, which Pillow's pickle drops).
         """
 
-        _sealed: tuple[Seal, Any, Any, dict[Any, Any] | None, str, tuple[int, int]]
+        _sealed: tuple[Seal, Any, Any, dict[Any, Any] | None, str, tuple[int, int], ExifEdits | None, Any]
 
         def pristine(self) -> bool:
             """True while this image holds exactly what it was handed out with."""
-            seal, core, buffer, info, mode, size = self._sealed
+            seal, core, buffer, info, mode, size, edits, tags = self._sealed
             if buffer is None:  # its pixels were copied out of the buffer: writes are not seen
                 return False
             if (
@@ -370,8 +371,10 @@ def _sealed_image_type() -> type[Any]:
                 or self._size != size
             ):
                 return False  # a new core, or a palette put on this one (its mode becomes "P")
-            if self.palette is not None or exif_edited(self):
+            if self.palette is not None:
                 return False
+            if (edits or getattr(self, "_exif", None) is not None) and not _same_tags(_tags_of(self), tags):
+                return False  # the orientation or ImageID set or deleted through getexif()
             try:
                 same_info = bool(self.info == (info or {}))
             except Exception:  # noqa: BLE001 - an entry whose == raises (an array, say) was put there
@@ -397,18 +400,52 @@ def _sealed_image_type() -> type[Any]:
         def copy(self) -> Image.Image:
             if self.pristine():
                 handout: Image.Image = self._sealed[0].handout()
+                if self._sealed[6]:  # as Pillow's own copy, without tags set through getexif()
+                    handout._exif = None
                 return handout
             return Image.Image.copy(self)
 
         __copy__ = copy
 
         def __reduce_ex__(self, protocol: Any) -> Any:
-            # A plain image's own pickle (Pillow's __getstate__), unpickled with Pillow alone.
+            # A plain image's own pickle (Pillow's __getstate__), unpickled with Pillow alone;
+            # with the orientation or ImageID set through getexif(), which Pillow's drops.
             state = Image.Image.copy(self).__getstate__()
+            edits = exif_edits(self)
+            if edits:
+                return (_unpickled_image, (state, edits))
             return (copyreg._reconstructor, (Image.Image, object, None), state)  # type: ignore[attr-defined]
 
     _SEALED_IMAGE.append(SealedImage)
     return SealedImage
+
+
+def _unpickled_image(state: Any, edits: ExifEdits) -> Any:
+    """A pickled hand-out: a plain image, with the parser's tags set through getexif()."""
+    from PIL import Image
+
+    image = copyreg._reconstructor(Image.Image, object, None)  # type: ignore[attr-defined]
+    image.__setstate__(state)
+    apply_exif_edits(image, edits)
+    return image
+
+
+# What _tags_of reads where the EXIF cannot be parsed (vLLM reads no tags there either).
+_MALFORMED: Final = object()
+
+
+def _tags_of(image: Any) -> Any:
+    """The parser's tags of ``image``, or ``_MALFORMED``."""
+    try:
+        return parser_tags(image)
+    except Exception:  # noqa: BLE001 - malformed EXIF: vLLM tolerates it the same way
+        return _MALFORMED
+
+
+def _same_tags(a: Any, b: Any) -> bool:
+    if a is _MALFORMED or b is _MALFORMED:
+        return a is b
+    return bool(a.keys() == b.keys() and all(same_value(a[tag], b[tag]) for tag in a))
 
 
 def _layout(mode: str) -> str:
@@ -433,11 +470,12 @@ def _rgb_over_rgbx() -> bool:
 
 
 def _image_maker(
-    mode: str, layout: str, size: tuple[int, int], info: dict[Any, Any] | None
+    mode: str, layout: str, size: tuple[int, int], info: dict[Any, Any] | None, edits: ExifEdits | None
 ) -> Callable[[Any, Seal | None], Any]:
     from PIL import Image  # an image exists, so Pillow is imported already
 
     sealed_image = _sealed_image_type()
+    tags: list[Any] = []  # the parser's tags of a hand-out as made: read once, what pristine() compares
 
     def make(buffer: Any, seal: Seal | None) -> Any:
         # Over the buffer, without a copy, for every layout but packed RGB (copied).
@@ -446,10 +484,14 @@ def _image_maker(
             image = Image.fromarrow(image, mode, size)
         if info is not None:
             image.info = copy.deepcopy(info)
+        if edits:  # the orientation or ImageID the sealed image had through getexif()
+            apply_exif_edits(image, edits)
         if seal is not None:
+            if not tags:
+                tags.append(_tags_of(image))
             image.__class__ = sealed_image
             shares = layout != "RGB"  # packed RGB: Pillow copied the buffer
-            image._sealed = (seal, image._im, buffer if shares else None, info, mode, size)  # type: ignore[attr-defined]
+            image._sealed = (seal, image._im, buffer if shares else None, info, mode, size, edits, tags[0])  # type: ignore[attr-defined]
         return image
 
     return make
@@ -458,25 +500,19 @@ def _image_maker(
 def seal_image(image: Any) -> Any:
     """A record's view of a sealed copy of ``image``, or ``image`` where it cannot be sealed.
 
-    Sealed: RGB, RGBA and L images without a palette or EXIF tags edited through
-    ``getexif()``, whose view reads the same to vLLM's parser (EXIF ImageID and
-    orientation, transparency) as ``image`` does. Other images are kept as given and
-    hashed on every render, as before (a record's changed view as a copy of it). A
-    hand-out of a seal that no one has changed takes the same seal: no copy, and the key
-    already computed.
+    Sealed: RGB, RGBA and L images without a palette whose view reads the same to vLLM's
+    parser (EXIF ImageID and orientation, transparency) as ``image`` does; an ImageID or
+    orientation set or deleted through ``getexif()`` is sealed with the pixels and set on
+    every hand-out. Other images are kept as given and hashed on every render, as before
+    (a record's changed view as a copy of it). A hand-out of a seal that no one has
+    changed takes the same seal: no copy, and the key already computed.
     """
     from PIL import Image  # an image exists, so Pillow is imported already
 
     from ._hashing import _exif_image_id, _parse_inputs  # here: _hashing imports this module
 
     mode = image.mode
-    if (
-        mode not in _IMAGE_LAYOUTS
-        or image.palette is not None
-        or 0 in image.size
-        or not _SEALING.get()
-        or exif_edited(image)  # tags set through getexif(), not in info: a seal would drop them
-    ):
+    if mode not in _IMAGE_LAYOUTS or image.palette is not None or 0 in image.size or not _SEALING.get():
         return _as_given(image)
     if _SEALED_IMAGE and isinstance(image, _SEALED_IMAGE[0]) and image.pristine():
         view = _register(image._sealed[0])
@@ -508,7 +544,8 @@ def seal_image(image: Any) -> Any:
                 band.im.paste(pixels, (0, -top, width, height - top))  # the image moved up, clipped
                 write(memoryview(band_bytes)[: min(rows, height - top) * line])
 
-        seal = Seal(size[0] * size[1] * len(layout), fill, _image_maker(mode, layout, size, info or None))
+        maker = _image_maker(mode, layout, size, info or None, exif_edits(image))
+        seal = Seal(size[0] * size[1] * len(layout), fill, maker)
         view = _register(seal)
     if _exif_image_id(view) != _exif_image_id(image) or _parse_inputs(view) != _parse_inputs(image):
         return _as_given(image)  # what vLLM's parser reads is not all in info: keep the image as given

@@ -39,7 +39,8 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 
-from ._hashing import ALGORITHMS, EXIF_IMAGE_ID, MediaHasher, _as_vllm_parses_image, _exif_image_id
+from ._exif import EXIF_IMAGE_ID
+from ._hashing import ALGORITHMS, MediaHasher, _as_vllm_parses_image, _exif_image_id
 from ._media import IMAGE_MODES as _MODES
 from ._media import PALETTE_MODES, MediaKind, is_pil_image, media_kind, tensor_bytes
 from ._records import EmbedsPrompt, EncoderDecoderPrompt, Prompt, SinglePrompt, TextPrompt, TokensPrompt

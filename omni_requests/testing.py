@@ -38,8 +38,7 @@ from hypothesis import strategies as st
 from pyrsistent import PVector, pvector
 
 from ._errors import type_name
-from ._exif import copy_with_exif, exif_untouched
-from ._hashing import EXIF_IMAGE_ID
+from ._exif import EXIF_IMAGE_ID, copy_with_exif, exif_untouched
 from ._keys import looks_scoped
 from ._media import MediaKind, media_kind, tensor_bytes
 from ._records import SINGLE_KINDS, SinglePrompt, _summary, values_equal

@@ -57,8 +57,7 @@ from . import (
     TokensPrompt,
     __version__,
 )
-from ._exif import exif_untouched
-from ._hashing import EXIF_IMAGE_ID, EXIF_ORIENTATION
+from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
 from ._media import (  # the caller's modality order: a PMap iterates in its own
     IMAGE_MODES,
     PALETTE_MODES,

@@ -17,6 +17,7 @@ import io
 import mmap
 import os
 import pickle
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,9 +26,10 @@ from typing import Any
 import numpy as np
 import pytest
 from PIL import Image, ImageDraw, ImageOps
+from PIL.TiffImagePlugin import IFDRational
 
 from omni_requests import MediaHasher, PromptTypeError, TextPrompt, _sealed, scope_to_replica, testing, wire
-from omni_requests._hashing import EXIF_IMAGE_ID, EXIF_ORIENTATION
+from omni_requests._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
 from omni_requests_vllm import from_vllm, to_vllm
 
 from .conftest import CountingHasher as Counting
@@ -546,19 +548,36 @@ print("ok")
 
 
 # EXIF tags set through getexif() live in Pillow's cache on the image, not in its info.
+# vLLM's parser reads two: the orientation and the ImageID.
 EXIF_EDITS: dict[str, Callable[[Any], None]] = {
-    "orientation": lambda image: image.getexif().__setitem__(EXIF_ORIENTATION, 6),
-    "ImageID": lambda image: image.getexif().__setitem__(EXIF_IMAGE_ID, uuid.UUID(int=7)),
-    "sub-directory": lambda image: image.getexif().get_ifd(0x8769).__setitem__(0x9003, "2026:12:04"),
+    "orientation set": lambda image: image.getexif().__setitem__(EXIF_ORIENTATION, 6),
+    "ImageID set": lambda image: image.getexif().__setitem__(EXIF_IMAGE_ID, uuid.UUID(int=7)),
+    "orientation deleted": lambda image: image.getexif().__delitem__(EXIF_ORIENTATION),
 }
+
+
+def _tagged(orientation: int = 3) -> Image.Image:
+    """An RGB image whose info holds an EXIF orientation, as a decoded JPEG's does."""
+    image = _image()
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = orientation
+    image.info["exif"] = exif.tobytes()
+    return image
 
 
 def _vllm_key(image: Any) -> str:
     """vLLM's own key of ``image`` as its parser hands it to the hasher: turned upright
     (a copy, which drops an ImageID set in memory) and in RGB."""
     vllm_hasher = pytest.importorskip("vllm.multimodal.hasher").MultiModalHasher
-    parsed = ImageOps.exif_transpose(image).convert("RGB")
+    with exif_untouched(image):
+        parsed = ImageOps.exif_transpose(image).convert("RGB")
     return "stage0:rep0:" + vllm_hasher.hash_kwargs("blake3", model_id=HASHER.model_id, image=parsed)
+
+
+def _parser_tags(image: Any) -> tuple[object, object]:
+    with exif_untouched(image):
+        exif = image.getexif()
+        return exif.get(EXIF_ORIENTATION), exif.get(EXIF_IMAGE_ID)
 
 
 @pytest.mark.parametrize("edit", list(EXIF_EDITS), ids=list(EXIF_EDITS))
@@ -566,12 +585,13 @@ def test_an_exif_edit_on_a_view_is_a_change_that_new_records_and_scope_stage0_se
     store: str, edit: str
 ) -> None:
     omni = pytest.importorskip("omni_requests_omni")
-    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _image()})
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _tagged()})
     first, sent = _sent(record)
     for target in (sent, record.multi_modal_data["image"][0]):
         EXIF_EDITS[edit](target)
         assert not target.pristine()
-        tags = dict(target.getexif())
+        tags, want = _parser_tags(target), _vllm_key(target)
+        assert want == "stage0:rep0:" + HASHER.content_key("image", target)
         reused = TextPrompt(prompt="<image>", multi_modal_data={"image": target})
         pool = omni.Stage0Pool(replicas=2, select=lambda request: 0)
         dict_road = omni.scope_stage0(
@@ -582,11 +602,60 @@ def test_an_exif_edit_on_a_view_is_a_change_that_new_records_and_scope_stage0_se
         )[1]
         for out in (to_vllm(scope_to_replica(reused, 0, hasher=HASHER)), dict_road):
             key, again = out["multi_modal_uuids"]["image"][0], out["multi_modal_data"]["image"][0]
-            assert dict(again.getexif()) == tags and _same_pixels(again, target)
-            assert key == _vllm_key(target) == "stage0:rep0:" + HASHER.content_key("image", target)
-            if edit == "sub-directory":
-                assert again.getexif().get_ifd(0x8769) == target.getexif().get_ifd(0x8769)
-        assert _sent(record)[0] == first  # the record itself sends what it sealed
+            assert _parser_tags(again) == tags and _same_pixels(again, target) and key == want
+        # The new record sealed the edit: writes to its view, its hand-outs or the image
+        # it was built from do not reach it, and its pickle keeps the edit.
+        for written in (reused.multi_modal_data["image"][0], _sent(reused)[1], target):
+            written.putpixel((0, 0), (1, 2, 3))
+            written.getexif()[EXIF_ORIENTATION] = 8
+        for copy in (reused, pickle.loads(pickle.dumps(reused))):
+            key, again = _sent(copy)
+            assert key == want and _parser_tags(again) == tags
+        assert _sent(record)[0] == first  # the first record sends what it sealed
+
+
+def test_exif_edits_vllm_does_not_read_leave_a_view_pristine_as_pillows_copy_drops_them(store: str) -> None:
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _tagged()})
+    first, sent = _sent(record)
+    sent.getexif()[0x010F] = threading.Lock()  # Make, with a value no deepcopy can copy
+    sent.getexif().get_ifd(0x8769)[0x9003] = "2026:12:04"
+    assert (
+        sent.pristine() and _sent(TextPrompt(prompt="<image>", multi_modal_data={"image": sent}))[0] == first
+    )
+
+
+def test_file_images_whose_exif_pillow_parsed_at_open_are_sealed() -> None:
+    # A JPEG's dpi is read from its EXIF when it is opened (Pillow's cache is filled), and
+    # a resolution of 0/0 is NaN, which equals nothing: still no edit.
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION], exif[0x011A], exif[0x0128] = 6, IFDRational(0, 0), 2
+    data = io.BytesIO()
+    _image().save(data, "JPEG", exif=exif, quality=95)
+    jpeg = Image.open(io.BytesIO(data.getvalue()))
+    want = _vllm_key(jpeg)
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": jpeg})
+    assert _sealed.seal_of(record.multi_modal_data["image"][0]) is not None
+    jpeg.paste((0, 0, 0), (0, 0, 8, 8))
+    key, sent = _sent(record)
+    assert key == want and _parser_tags(sent)[0] == 6
+
+
+def test_a_tiff_keeps_its_exif_after_being_hashed() -> None:
+    # Loading a TIFF turns it upright by the EXIF it reads from the file into Pillow's
+    # cache, then closes the file: that cache is the only copy left, and stays.
+    exif = Image.Exif()
+    exif[EXIF_ORIENTATION] = 6
+    data = io.BytesIO()
+    _image().save(data, "TIFF", tiffinfo=exif)
+    want = _vllm_key(Image.open(io.BytesIO(data.getvalue())))
+    for look in (
+        lambda image: HASHER.content_key("image", image),
+        lambda image: TextPrompt(prompt="<image>", multi_modal_data={"image": image}),
+        lambda image: wire.encode(TextPrompt(prompt="<image>", multi_modal_data={"image": image})),
+    ):
+        tiff = Image.open(io.BytesIO(data.getvalue()))
+        look(tiff)
+        assert isinstance(tiff.getexif(), Image.Exif) and _vllm_key(tiff) == want
 
 
 def scope_stage0_of(image: Any) -> Any:
