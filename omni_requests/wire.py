@@ -348,9 +348,22 @@ def _image_tree(image: Any, path: str) -> list[Any]:
         extras["image_uuid"] = image_id.bytes
     elif type(image_id) in (str, bytes):
         extras["image_id"] = image_id  # vLLM ignores it, but equal records keep it
-    if type(orientation) is int:
+    orientation = _whole_number(orientation)
+    if orientation is not None:
         extras["orientation"] = orientation
     return [_TAGS[_IMAGE], mode, image.size[0], image.size[1], pixels, colors, extras]
+
+
+def _whole_number(value: object) -> int | None:
+    """``value`` as an int where it is a number equal to one (``np.int64(6)``, ``6.0``):
+    vLLM's parser looks an orientation up in a dict, where those find 6. Else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        return None
+    try:
+        whole = int(value)
+    except (ValueError, OverflowError):  # NaN, infinity
+        return None
+    return whole if whole == value else None
 
 
 def _name(value: object) -> str:

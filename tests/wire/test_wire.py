@@ -102,7 +102,7 @@ def test_scope_hasher_and_policy_survive(policy: KeyPolicy | None) -> None:
     assert rendered_uuids(back) == rendered_uuids(scoped)
 
 
-def _exif_image(orientation: int | None, image_id: object, transparency: object = None) -> Any:
+def _exif_image(orientation: object, image_id: object, transparency: object = None) -> Any:
     image = Image.fromarray(np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3) * 3)
     if transparency is not None:
         image.info["transparency"] = transparency
@@ -126,7 +126,16 @@ def _exif_image(orientation: int | None, image_id: object, transparency: object 
         Image.new("1", (9, 3), 1),
         Image.new("I;16B", (3, 3), 500),
     ],
-    ids=["orientation", "image-id", "image-id-str", "transparency", "P", "PA", "1", "I;16B"],
+    ids=[
+        "orientation",
+        "image-id",
+        "image-id-str",
+        "transparency",
+        "P",
+        "PA",
+        "1",
+        "I;16B",
+    ],
 )
 def test_images_keep_what_their_key_reads(image: Any) -> None:
     record = TextPrompt(prompt="<image>", multi_modal_data={"image": image})
@@ -135,6 +144,18 @@ def test_images_keep_what_their_key_reads(image: Any) -> None:
     assert HASHER.content_key("image", got) == HASHER.content_key("image", image)
     assert HASHER.key("image", got) == HASHER.key("image", image)
     assert HASHER.fingerprint("image", got) == HASHER.fingerprint("image", image)
+
+
+@pytest.mark.parametrize("orientation", [np.int64(8), 3.0], ids=["numpy-int", "float"])
+def test_an_orientation_that_equals_a_whole_number_arrives_as_that_int(orientation: object) -> None:
+    # vLLM's parser looks the orientation up in a dict, where 3.0 and np.int64(8) find
+    # 3 and 8 and turn the image: the receiver must turn it too (it used to get none).
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _exif_image(orientation, None)})
+    back = decode(encode(record)).multi_modal_data["image"][0]
+    assert back.getexif()[0x0112] == orientation and type(back.getexif()[0x0112]) is int
+    assert HASHER.content_key("image", back) == HASHER.content_key(
+        "image", record.multi_modal_data["image"][0]
+    )
 
 
 def test_a_palette_image_keys_the_same_before_its_palette_is_realized() -> None:
