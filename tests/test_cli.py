@@ -71,6 +71,36 @@ def test_key_prints_the_content_key_of_each_file(tmp_path: Path, capsys: pytest.
     assert server_key != hasher.key("image", image)
 
 
+def test_pixels_is_the_key_of_the_image_as_vllms_parser_hands_it_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # docs/guide.md: [pixels] is the record's key of the decoded image: turned upright by
+    # its EXIF orientation and flattened to RGB, as vLLM's parser does before hashing.
+    pixels = np.random.default_rng(3).integers(0, 256, (6, 5, 4), dtype=np.uint8)
+    Image.fromarray(pixels, "RGBA").save(tmp_path / "clear.png")
+    turned = Image.fromarray(pixels[..., :3])
+    exif = turned.getexif()
+    exif[0x0112] = 6
+    turned.save(tmp_path / "turned.jpg", exif=exif.tobytes(), quality=95)
+    files = [tmp_path / "clear.png", tmp_path / "turned.jpg"]
+    assert main(["key", "--model", "m", *map(str, files)]) == 0
+    printed = {
+        line.split("  ")[1]: line.split("  ")[0]
+        for line in capsys.readouterr().out.splitlines()
+        if line.endswith("[pixels]")
+    }
+    hasher = MediaHasher("m")
+    for path in files:
+        decoded = Image.open(path)
+        decoded.load()
+        assert printed[str(path)] == hasher.content_key("image", decoded) != hasher.key("image", decoded)
+        vllm_image = pytest.importorskip("vllm.multimodal.image")
+        from vllm.multimodal.hasher import MultiModalHasher
+
+        parsed = vllm_image.convert_image_mode(vllm_image.normalize_image(decoded), "RGB")
+        assert printed[str(path)] == MultiModalHasher.hash_kwargs("blake3", model_id="m", image=parsed)
+
+
 def test_key_reads_stdin_validates_modality_and_has_a_version(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -23,6 +23,7 @@ from omni_requests import (
     TokensPrompt,
 )
 from omni_requests._embedding_fields import EmbeddingFields  # private: made by the chat path
+from omni_requests_vllm import to_vllm
 
 from .conftest import video
 
@@ -172,6 +173,25 @@ def test_writable_buffers_in_options_are_copied_to_bytes() -> None:
     assert p.mm_processor_kwargs == {"blob": b"abc"}
     assert p.additional_information == {"raw": b"xyz", "nested": pvector([b"yz"])}
     assert pickle.loads(pickle.dumps(p)) == p  # a memoryview would not pickle
+
+
+def test_option_values_beyond_containers_numbers_and_buffers_are_shared_as_documented() -> None:
+    # docs/engine-integration.md: containers, numeric arrays and buffers are frozen; every
+    # other value (a tensor, an object array, a set) is the caller's object, shared.
+    torch = pytest.importorskip("torch")
+    tensor, objects, tags = torch.zeros(3), np.array(["a", None], dtype=object), {"x"}
+    numbers, items = np.zeros(3), [1]
+    p = TextPrompt(
+        prompt="x",
+        additional_information={"t": tensor, "o": objects, "s": tags, "a": numbers, "l": items},
+    )
+    sent = to_vllm(p)["additional_information"]
+    assert sent["t"] is tensor and sent["o"] is objects and sent["s"] is tags
+    assert sent["a"] is not numbers and not sent["a"].flags.writeable
+    sent["l"].append(2)
+    sent["t"].add_(1)  # a stage writing into a shared tensor in place reaches the record
+    again = to_vllm(p)["additional_information"]
+    assert again["l"] == [1] and items == [1] and again["t"].tolist() == [1.0, 1.0, 1.0]
 
 
 def test_evolve_accepts_plain_values_and_checks_them() -> None:
@@ -328,6 +348,24 @@ def test_ints_beyond_64_bits_in_media_are_refused() -> None:
     TextPrompt(
         prompt="x", multi_modal_data={"video": (np.zeros((1, 2, 2, 3), np.uint8), {"n": (1 << 64) - 1})}
     )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda torch: torch.quantize_per_tensor(torch.rand(4), 0.1, 0, torch.quint8),
+        lambda torch: torch.eye(3).to_sparse(),
+        lambda torch: torch.eye(3).to_sparse_csr(),
+        lambda torch: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]),
+    ],
+    ids=["quantized", "sparse COO", "sparse CSR", "nested"],
+)
+def test_tensors_vllm_cannot_read_are_refused_not_kept(make: Any) -> None:
+    # docs/design.md "What is not sealed": these are refused, never kept as given.
+    tensor = make(pytest.importorskip("torch"))
+    with pytest.raises(PromptTypeError, match="vLLM's hasher cannot read this tensor") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"video": [tensor]})
+    assert caught.value.path == "$.multi_modal_data.video[0]"
 
 
 def test_a_tensor_no_engine_can_key_is_refused_with_our_error() -> None:

@@ -315,6 +315,15 @@ def test_a_hand_out_equals_the_plain_image_it_was_sealed_from_and_pickles_as_one
         assert type(back) is Image.Image and back == original
 
 
+def test_mapped_stores_may_hold_a_quarter_of_the_open_file_limit() -> None:
+    # docs/design.md: at most a quarter of RLIMIT_NOFILE, read when omni_requests is imported.
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    expected = (soft if soft != resource.RLIM_INFINITY else 1 << 16) // 4
+    assert _sealed._Budget().limit == _sealed._BUDGET.limit == expected
+
+
 def test_hand_outs_hold_no_open_file_however_many_are_kept() -> None:
     # A template sent for a batch of requests kept together (llm.generate's list): each
     # hand-out is a mapping of the store, not another open file.

@@ -238,6 +238,19 @@ def test_all_prompts_of_a_request_go_to_one_replica_and_select_is_asked_once() -
     )
 
 
+def test_a_dicts_images_and_tensors_go_out_as_the_callers_own_objects() -> None:
+    # docs/design.md: scope_stage0 reads a dict into records only to route it, so it keeps
+    # (never seals or copies) the caller's images and tensors.
+    torch = pytest.importorskip("torch")
+    image, video = Image.fromarray(image_array(4)), torch.from_numpy(video_array(5))
+    given = {"prompt": "<image><video>", "multi_modal_data": {"image": image, "video": video}}
+    _, out = scope_stage0(given, pool=_pool(2, Recorder(1)), hasher=HASHER, request_id="r")
+    data = out["multi_modal_data"]
+    sent_image = data["image"][0] if isinstance(data["image"], list) else data["image"]
+    sent_video = data["video"][0] if isinstance(data["video"], list) else data["video"]
+    assert sent_image is image and sent_video.data_ptr() == video.data_ptr()
+
+
 def _all_keys(prompt: Any) -> list[str]:
     return [k for row in uuids_of(prompt).values() for k in row if k is not None]
 

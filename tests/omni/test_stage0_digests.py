@@ -246,3 +246,66 @@ def test_as_dicts_must_be_a_bool(flag: object) -> None:
     with pytest.raises(PromptTypeError, match="must be a bool") as caught:
         scope_stage0(prompt, pool=Stage0Pool(replicas=2, select=lambda _: 1), hasher=PLAIN, as_dicts=flag)  # type: ignore[call-overload]
     assert caught.value.path == "as_dicts"
+
+
+class _DistributedPool(_Pool):
+    """A distributed stage-0 pool as vllm-omni 0.30's StagePool shows itself: its
+    ``preselect_replica_id`` asks the attached balancer over the serviceable replicas
+    (none: ``None``, the request is routed later), or picks alone without one."""
+
+    is_distributed = True
+
+    def __init__(self, serviceable: list[int]) -> None:
+        super().__init__()
+        self.serviceable = serviceable
+        self.tasks: list[dict[str, Any]] = []
+
+    def preselect_replica_id(self, request_id: str, task: dict[str, Any] | None = None) -> int | None:
+        self.tasks.append(dict(task or {}))
+        if not self.serviceable:
+            return None
+        if self.balancer is None:
+            return self.serviceable[-1]
+        return self.serviceable[self.balancer.select(task, self.serviceable)]
+
+
+def test_a_distributed_pool_picks_with_the_attached_balancer_and_the_requests_keys() -> None:
+    # docs/engine-integration.md: the balancer is attached to stage 0's pool, "whose
+    # distributed pick then uses it too", with the request's media keys in the task.
+    engine, pool = _Engine(), _DistributedPool([0, 1])
+    engine.stage_pools = [pool]
+    balancer = Stage0Balancer(CacheAffinity())
+    installed = install_stage0_scoping(engine, hasher=MediaHasher(MODEL), balancer=balancer)
+    record = TextPrompt(prompt="<image>", multi_modal_data=_media(5))
+    try:
+        assert pool.balancer is balancer
+        replicas = {engine.add_request(f"req-{n}", record)[0] for n in range(3)}
+        assert len(replicas) == 1  # the same media, the same replica: the cache affinity
+        (replica,) = replicas
+        keys = [
+            to_vllm(scope_to_replica(record, 0, hasher=PLAIN))["multi_modal_uuids"][m]
+            for m in ("image", "video")
+        ]
+        bases = tuple(key.split(":", 2)[2] for modality in keys for key in modality)
+        assert [task["media_keys"] for task in pool.tasks] == [bases] * 3
+        assert _same(engine.input_processor.received[-1], _expected(record, replica))
+    finally:
+        installed.uninstall()
+
+
+@pytest.mark.parametrize(
+    "pool", [_DistributedPool([]), "no preselect"], ids=["none serviceable", "no preselect"]
+)
+def test_a_distributed_pool_that_cannot_preselect_leaves_the_prompt_unscoped(pool: Any) -> None:
+    engine = _Engine()
+    if pool == "no preselect":
+        pool = _Pool()
+        pool.is_distributed = True
+    engine.stage_pools = [pool]
+    installed = install_stage0_scoping(engine, hasher=MediaHasher(MODEL))
+    given = {"prompt": "<image>", "multi_modal_data": {"image": np.zeros((4, 4, 3), np.uint8)}}
+    try:
+        replica, sent = engine.add_request("req", given)
+    finally:
+        installed.uninstall()
+    assert replica is None and "multi_modal_uuids" not in sent  # as vllm-omni: nothing scoped

@@ -47,6 +47,16 @@ def test_passes_on_a_function_that_returns_the_replica_it_chose() -> None:
     check_scoping(_scopers.shallow_copy_choosing, to_dict=to_vllm, settings=SEARCH)
 
 
+def test_a_function_whose_keys_name_another_replica_than_it_returned_fails() -> None:
+    # docs/property-testing.md: the keys must name the replica the function returned.
+    def lying(prompt: dict[str, Any], replica: int) -> tuple[int, dict[str, Any]]:
+        return (replica + 1) % 2, _scopers.shallow_copy(prompt, replica)
+
+    with pytest.raises(ScopingPropertyError) as caught:
+        check_scoping(lying, to_dict=to_vllm, properties=["one_scope_prefix"], settings=REPLAY)
+    assert caught.value.properties == ("one_scope_prefix",)
+
+
 def test_passes_on_another_stage_and_more_replicas() -> None:
     def stage2(prompt: Any, replica: int) -> Any:
         return scope_to_replica(prompt, replica, hasher=_scopers.HASHER, stage_id=2)
