@@ -222,6 +222,24 @@ def test_evolve_with_new_media_cannot_keep_the_old_items_uuids() -> None:
     assert caught.value.path == "$.multi_modal_uuids.video[0]"
 
 
+def test_a_copied_uuid_map_is_the_callers_own_and_binding_gives_new_media_its_own_key() -> None:
+    # docs/guide.md: the check is by the map object; a copy of it is taken as given, and
+    # KeyPolicy(bind_content=True) is what keeps such a UUID from naming other media.
+    template = TextPrompt(
+        prompt="<video>", multi_modal_data={"video": video(7)}, multi_modal_uuids={"video": "clip-1"}
+    )
+    copied = attrs.evolve(
+        template, multi_modal_data={"video": video(8)}, multi_modal_uuids=dict(template.multi_modal_uuids)
+    )
+    assert copied.multi_modal_uuids["video"] == pvector(["clip-1"])
+    bound = KeyPolicy(bind_content=True)
+    keys = [
+        to_vllm(scope_to_replica(r, 0, hasher=HASHER, policy=bound))["multi_modal_uuids"]["video"][0]
+        for r in (template, copied)
+    ]
+    assert keys[0] != keys[1] and all(k.endswith(":clip-1") for k in keys)
+
+
 def test_evolve_that_silently_drops_a_modality_cannot_leave_its_uuids_behind() -> None:
     image = np.zeros((2, 2, 3), np.uint8)
     template = TextPrompt(
