@@ -14,6 +14,8 @@ carry; other tags reach no key and no pixel, and are dropped as ``Image.copy()``
 from __future__ import annotations
 
 import contextlib
+import copy
+import uuid
 from collections.abc import Iterator
 from typing import Any, Final
 
@@ -80,7 +82,7 @@ def exif_edits(image: Any) -> ExifEdits | None:
     except Exception:  # noqa: BLE001 - malformed EXIF: vLLM tolerates it, and so do the callers
         return None
     edits = {
-        tag: cached.get(tag, DELETED)
+        tag: _own(cached.get(tag, DELETED))
         for tag in PARSER_TAGS
         if (tag in cached) != (tag in parsed) or not same_value(cached.get(tag), parsed.get(tag))
     }
@@ -97,6 +99,17 @@ def same_value(a: object, b: object) -> bool:
         return False
 
 
+def _own(value: Any) -> Any:
+    """A copy of a tag value (an ImageID may be a list or a dict, which its holder could
+    change in place), or the value itself where it cannot be copied."""
+    if value is None or isinstance(value, (int, float, str, bytes, uuid.UUID)):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001 - an object deepcopy refuses: shared, as Pillow would
+        return value
+
+
 def apply_exif_edits(image: Any, edits: ExifEdits) -> None:
     """Sets ``edits`` in ``image.getexif()`` (deletes the :data:`DELETED` ones): on an
     image of ours, whose cache then holds them."""
@@ -105,7 +118,7 @@ def apply_exif_edits(image: Any, edits: ExifEdits) -> None:
         if value is DELETED:
             exif.pop(tag, None)
         else:
-            exif[tag] = value
+            exif[tag] = _own(value)
 
 
 def copy_with_exif(image: Any) -> Any:

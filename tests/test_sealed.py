@@ -633,6 +633,19 @@ def test_exif_edits_vllm_does_not_read_leave_a_view_pristine_as_pillows_copy_dro
     )
 
 
+def test_a_mutable_tag_value_is_the_records_own(store: str) -> None:
+    # An ImageID may be any object (vLLM keys only a UUID); a list set through getexif()
+    # is copied into the seal and into each hand-out, so changing one changes no other.
+    image = _image()
+    image.getexif()[EXIF_IMAGE_ID] = ["scan", 1]
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": image})
+    image.getexif()[EXIF_IMAGE_ID].append("caller")
+    sent = _sent(record)[1]
+    sent.getexif()[EXIF_IMAGE_ID].append("engine")
+    assert _sent(record)[1].getexif()[EXIF_IMAGE_ID] == ["scan", 1]
+    assert record.multi_modal_data["image"][0].getexif()[EXIF_IMAGE_ID] == ["scan", 1]
+
+
 def test_file_images_whose_exif_pillow_parsed_at_open_are_sealed() -> None:
     # A JPEG's dpi is read from its EXIF when it is opened (Pillow's cache is filled), and
     # a resolution of 0/0 is NaN, which equals nothing: still no edit.
