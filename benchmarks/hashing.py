@@ -235,23 +235,34 @@ def _thread_busy_in_python() -> Iterator[None]:
 
 
 def _beside_busy_python(quick: bool, hash_kwargs: Callable[..., str]) -> list[Row]:
-    """RGB images hashed while another thread runs Python, ours against vLLM's hasher.
+    """Every media kind hashed while another thread runs Python, ours against vLLM's hasher.
 
     Each time a thread lets go of the GIL (blake3, hashlib, Pillow's paste and numpy's
     copies all do), getting it back from a thread busy in Python can take a switch
-    interval (5 ms). Ours hashes an image a chunk at a time, so it is exposed to that
-    once per chunk until it notices and hashes the rest in one piece.
+    interval (5 ms). Ours hashes an image a chunk at a time, and a list of frames a frame
+    at a time, so it is exposed to that once per piece until it notices and hashes the
+    rest in one piece; vLLM's hasher waits once per frame of a list.
     """
     from PIL import Image
 
     rng = np.random.default_rng(1)
     ours = MediaHasher(MODEL)
     rows = []
-    for name, (width, height) in (("1080p", (1920, 1080)), ("4K", (3840, 2160)))[: 1 if quick else 2]:
-        image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+    items = [
+        (
+            f"PIL image {name} RGB",
+            "image",
+            Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)),
+        )
+        for name, (width, height) in (("1080p", (1920, 1080)), ("4K", (3840, 2160)))[: 1 if quick else 2]
+    ]
+    items += [
+        (label, modality, item) for label, modality, item, _ in media(quick) if not label.startswith("PIL")
+    ]
+    for label, modality, item in items:
         candidates: dict[str, Callable[[], object]] = {
-            "ours": partial(ours.key, "image", image),
-            "vLLM": partial(hash_kwargs, "blake3", model_id=MODEL, image=image),
+            "ours": partial(ours.key, modality, item),
+            "vLLM": partial(hash_kwargs, "blake3", model_id=MODEL, **{modality: item}),
         }
         with _thread_busy_in_python():
             t = compare(candidates, repeat=4 if quick else 10)
@@ -262,7 +273,7 @@ def _beside_busy_python(quick: bool, hash_kwargs: Callable[..., str]) -> list[Ro
         rows.append(
             Row(
                 "hashing",
-                f"PIL image {name} RGB beside a thread busy in Python: ours vs vLLM",
+                f"{label} beside a thread busy in Python: ours vs vLLM",
                 t["ours"].best * 1e3,
                 "ms",
                 baseline=f"vLLM MultiModalHasher {t['vLLM'].best * 1e3:.3g} ms",

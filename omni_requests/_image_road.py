@@ -95,6 +95,20 @@ def _waited_for_the_gil() -> None:
     _contended_until = _clock() + _CONTENDED_FOR
 
 
+def contended() -> bool:
+    """True within ``_CONTENDED_FOR`` of the last step that waited for the GIL."""
+    return _clock() < _contended_until
+
+
+def waited_for_the_gil(started: float, nbytes: int, slowest: float) -> bool:
+    """Whether a step over ``nbytes`` bytes begun at ``started`` (on ``_clock``) took longer
+    than ``slowest`` bytes a second explain, most likely waiting for the GIL; if so, remembered."""
+    if _clock() - started <= _GIL_WAIT + nbytes / slowest:
+        return False
+    _waited_for_the_gil()
+    return True
+
+
 class Pixels(NamedTuple):
     """``np.asarray(image)`` described, and a feeder of its bytes."""
 

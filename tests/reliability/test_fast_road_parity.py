@@ -490,3 +490,74 @@ def test_the_switch_turns_the_road_off_with_the_same_keys() -> None:
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", expected, "False"]
+
+
+class _SlowPart:
+    """A digest (blake3 underneath) that records each update's size, and makes the
+    ``slow``-th large update look as if it waited for the GIL (0: none)."""
+
+    def __init__(self, clock: _Clock, slow: int) -> None:
+        self.sizes: list[int] = []
+        self.large = 0
+        self.contended_after = False
+        self._digest = blake3()
+        self._clock = clock
+        self._slow = slow
+
+    def update(self, chunk: Any) -> None:
+        size = memoryview(chunk).nbytes
+        self.sizes.append(size)
+        self._digest.update(chunk)
+        if size >= hashing._TIMED_PART_BYTES:
+            self.large += 1
+            if self.large == self._slow:
+                self._clock.jump()
+
+    def hexdigest(self) -> str:
+        return str(self._digest.hexdigest())
+
+
+def _hash_frames(monkeypatch: pytest.MonkeyPatch, slow: int, contended: bool) -> tuple[str, _SlowPart]:
+    """The key of eight 600 KB frames as a list, through a recording digest."""
+    frames = [np.random.default_rng(n).integers(0, 256, (400, 500, 3), dtype=np.uint8) for n in range(8)]
+    clock = _Clock()
+    monkeypatch.setattr(road, "_clock", clock)
+    monkeypatch.setattr(road, "_contended_until", 1.0 if contended else 0.0)
+    monkeypatch.setattr(hashing, "_TIMED_PART_BYTES", 500_000)  # each frame is timed
+    digest = _SlowPart(clock, slow)
+    monkeypatch.setattr(MediaHasher, "_new_hasher", lambda self, nbytes: digest)
+    key = MediaHasher("m").key("video", frames)
+    digest.contended_after = road.contended()
+    monkeypatch.undo()
+    assert key == MediaHasher("m").key("video", frames)  # the same digest whatever the feeding
+    return key, digest
+
+
+def test_a_multi_part_item_is_fed_a_part_at_a_time_while_no_part_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, digest = _hash_frames(monkeypatch, slow=0, contended=False)
+    assert digest.large == 8 and len(digest.sizes) > 8
+
+
+def test_after_a_slow_part_the_rest_of_a_multi_part_item_is_hashed_in_one_update(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Beside a thread busy in Python each update can wait a switch interval for the GIL;
+    # after one did, the rest (five frames and their framing) is one update.
+    _, digest = _hash_frames(monkeypatch, slow=3, contended=False)
+    third = [i for i, size in enumerate(digest.sizes) if size == 400 * 500 * 3][2]
+    (rest,) = digest.sizes[third + 1 :]
+    assert digest.large == 4 and rest > 5 * 400 * 500 * 3
+    assert digest.contended_after  # and the next items and images take their one-piece roads
+
+
+def test_while_the_gil_is_contended_a_multi_part_item_is_one_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, digest = _hash_frames(monkeypatch, slow=0, contended=True)
+    assert len(digest.sizes) == 1 and digest.sizes[0] > 8 * 400 * 500 * 3
+
+
+def test_what_is_gathered_is_hashed_whenever_a_bounded_amount_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hashing, "_GATHERED_MAX", 2 * 400 * 500 * 3)
+    _, digest = _hash_frames(monkeypatch, slow=0, contended=True)
+    assert len(digest.sizes) == 4 and all(size >= 2 * 400 * 500 * 3 for size in digest.sizes)
