@@ -402,14 +402,15 @@ class _Gathering:
     def __call__(self, data: Any) -> None:
         gathered = self._gathered
         if gathered is not None:
-            try:
+            if _gathers(data):
                 gathered += data
-            except (BufferError, TypeError):  # a buffer bytearray cannot take: as it is, in order
-                self.finish()
-                self._update(data)
+                if len(gathered) >= _GATHERED_MAX:
+                    self.finish()
                 return
-            if len(gathered) >= _GATHERED_MAX:
-                self.finish()
+            # A part as large as the bound costs one wait whether copied or not; a buffer
+            # the digest would refuse must be refused as it would be fed directly.
+            self.finish()
+            self._update(data)
             return
         nbytes = data.nbytes if isinstance(data, memoryview) else len(data)
         if nbytes < _TIMED_PART_BYTES:
@@ -421,11 +422,18 @@ class _Gathering:
             self._gathered = bytearray()
 
     def finish(self) -> None:
-        """Hashes what was gathered."""
+        """Hashes what was gathered (in order, before any later part)."""
         gathered = self._gathered
         if gathered:
             self._update(gathered)
             gathered.clear()
+
+
+def _gathers(data: Any) -> bool:
+    """Whether ``data`` is gathered: bytes, or a contiguous byte memoryview, under the bound."""
+    if isinstance(data, memoryview):
+        return data.format in ("B", "b", "c") and data.c_contiguous and data.nbytes < _GATHERED_MAX
+    return isinstance(data, bytes) and len(data) < _GATHERED_MAX
 
 
 def _nbytes_hint(item: object) -> int:

@@ -561,3 +561,19 @@ def test_what_is_gathered_is_hashed_whenever_a_bounded_amount_waits(monkeypatch:
     monkeypatch.setattr(hashing, "_GATHERED_MAX", 2 * 400 * 500 * 3)
     _, digest = _hash_frames(monkeypatch, slow=0, contended=True)
     assert len(digest.sizes) == 4 and all(size >= 2 * 400 * 500 * 3 for size in digest.sizes)
+
+
+def test_a_part_as_large_as_the_bound_is_fed_as_it_is_not_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hashing, "_GATHERED_MAX", 400 * 500 * 3)  # each frame reaches it
+    _, digest = _hash_frames(monkeypatch, slow=0, contended=True)
+    assert digest.sizes.count(400 * 500 * 3) == 8  # every frame on its own, framing between
+
+
+def test_gathering_refuses_a_buffer_blake3_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    # blake3 takes bytes only: a float32 memoryview raises fed directly, as in vLLM's
+    # hasher, and must raise the same while parts are gathered (bytearray would take it).
+    item = [np.zeros((600, 600, 3), np.uint8), memoryview(np.zeros(300_000, np.float32))]
+    for contended in (False, True):
+        monkeypatch.setattr(road, "_contended_until", road._clock() + (100.0 if contended else -100.0))
+        with pytest.raises(BufferError):
+            MediaHasher("m").key("video", item)
