@@ -515,38 +515,37 @@ def seal_image(image: Any) -> Any:
     if mode not in _IMAGE_LAYOUTS or image.palette is not None or 0 in image.size or not _SEALING.get():
         return _as_given(image)
     if _SEALED_IMAGE and isinstance(image, _SEALED_IMAGE[0]) and image.pristine():
-        view = _register(image._sealed[0])
-    else:
-        try:
-            info = copy.deepcopy(dict(image.info))
-        except Exception:  # noqa: BLE001 - an info entry that cannot be copied: keep the image as given
-            return _as_given(image)
-        image.load()
-        size = image.size
-        layout = _layout(mode)
-        pixels = image.im  # the pixels as they are now, whatever the image's holder does next
-        if pixels.mode != mode:  # a palette put on the core itself: Pillow reads through it
-            return _as_given(image)
+        # Pristine: the seal's info and EXIF tags, which a new view of it reads the same.
+        return _register(image._sealed[0])
+    try:
+        info = copy.deepcopy(dict(image.info))
+    except Exception:  # noqa: BLE001 - an info entry that cannot be copied: keep the image as given
+        return _as_given(image)
+    image.load()
+    size = image.size
+    layout = _layout(mode)
+    pixels = image.im  # the pixels as they are now, whatever the image's holder does next
+    if pixels.mode != mode:  # a palette put on the core itself: Pillow reads through it
+        return _as_given(image)
 
-        def fill(write: Callable[[Any], None]) -> None:
-            if layout == "RGB":  # packed (Pillow without a safe fromarrow)
-                write(image.tobytes())
-                return
-            # Pillow's own row copy, core to core, into a band of ours in the store's
-            # layout (an RGB core pastes into RGBX as is); a few bands, each released the
-            # GIL once, so few waits beside a thread busy in Python.
-            width, height = size
-            line = width * len(layout)
-            rows = max(1, _BAND_BYTES // line)
-            band_bytes = bytearray(min(rows, height) * line)
-            band = Image.frombuffer(layout, (width, min(rows, height)), band_bytes, "raw", layout, 0, 1)
-            for top in range(0, height, rows):
-                band.im.paste(pixels, (0, -top, width, height - top))  # the image moved up, clipped
-                write(memoryview(band_bytes)[: min(rows, height - top) * line])
+    def fill(write: Callable[[Any], None]) -> None:
+        if layout == "RGB":  # packed (Pillow without a safe fromarrow)
+            write(image.tobytes())
+            return
+        # Pillow's own row copy, core to core, into a band of ours in the store's
+        # layout (an RGB core pastes into RGBX as is); a few bands, each released the
+        # GIL once, so few waits beside a thread busy in Python.
+        width, height = size
+        line = width * len(layout)
+        rows = max(1, _BAND_BYTES // line)
+        band_bytes = bytearray(min(rows, height) * line)
+        band = Image.frombuffer(layout, (width, min(rows, height)), band_bytes, "raw", layout, 0, 1)
+        for top in range(0, height, rows):
+            band.im.paste(pixels, (0, -top, width, height - top))  # the image moved up, clipped
+            write(memoryview(band_bytes)[: min(rows, height - top) * line])
 
-        maker = _image_maker(mode, layout, size, info or None, exif_edits(image))
-        seal = Seal(size[0] * size[1] * len(layout), fill, maker)
-        view = _register(seal)
+    maker = _image_maker(mode, layout, size, info or None, exif_edits(image))
+    view = _register(Seal(size[0] * size[1] * len(layout), fill, maker))
     if _exif_image_id(view) != _exif_image_id(image) or _parse_inputs(view) != _parse_inputs(image):
         return _as_given(image)  # what vLLM's parser reads is not all in info: keep the image as given
     return view

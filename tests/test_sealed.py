@@ -565,9 +565,9 @@ EXIF_EDITS: dict[str, Callable[[Any], None]] = {
 }
 
 
-def _tagged(orientation: int = 3) -> Image.Image:
-    """An RGB image whose info holds an EXIF orientation, as a decoded JPEG's does."""
-    image = _image()
+def _tagged(orientation: int = 3, mode: str = "RGB") -> Image.Image:
+    """An image whose info holds an EXIF orientation, as a decoded JPEG's does."""
+    image = _image(mode=mode)
     exif = Image.Exif()
     exif[EXIF_ORIENTATION] = orientation
     image.info["exif"] = exif.tobytes()
@@ -631,6 +631,23 @@ def test_exif_edits_vllm_does_not_read_leave_a_view_pristine_as_pillows_copy_dro
     assert (
         sent.pristine() and _sent(TextPrompt(prompt="<image>", multi_modal_data={"image": sent}))[0] == first
     )
+
+
+def test_an_untouched_hand_out_given_back_is_not_parsed_again(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # from_vllm(to_vllm(record)): the hand-out is pristine, so it reads as its seal does;
+    # its EXIF (which can be kilobytes) is not parsed to compare it with a new view.
+    from omni_requests import _hashing
+
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _tagged(mode="RGBA")})
+    first, sent = _sent(record)  # RGBA: a mapping with every Pillow (RGB is copied before 13)
+    for name in ("_parse_inputs", "_exif_image_id"):
+        monkeypatch.setattr(_hashing, name, _never_called)
+    again = TextPrompt(prompt="<image>", multi_modal_data={"image": sent})
+    assert _sealed.seal_of(again.multi_modal_data["image"][0]) is sent._sealed[0]
+    monkeypatch.undo()
+    assert _sent(again)[0] == first
 
 
 def test_a_mutable_tag_value_is_the_records_own(store: str) -> None:
