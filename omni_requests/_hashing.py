@@ -430,9 +430,13 @@ class _Gathering:
 
 
 def _gathers(data: Any) -> bool:
-    """Whether ``data`` is gathered: bytes, or a contiguous byte memoryview, under the bound."""
+    """Whether ``data`` is gathered: bytes, or a contiguous byte memoryview, under the bound.
+
+    A 0-d view (a scalar's bytes) is fed as it is: blake3 refuses it, bytearray would not.
+    """
     if isinstance(data, memoryview):
-        return data.format in ("B", "b", "c") and data.c_contiguous and data.nbytes < _GATHERED_MAX
+        byte_buffer = data.format in ("B", "b", "c") and data.ndim >= 1 and data.c_contiguous
+        return byte_buffer and data.nbytes < _GATHERED_MAX
     return isinstance(data, bytes) and len(data) < _GATHERED_MAX
 
 

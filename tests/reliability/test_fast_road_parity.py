@@ -577,3 +577,13 @@ def test_gathering_refuses_a_buffer_blake3_refuses(monkeypatch: pytest.MonkeyPat
         monkeypatch.setattr(road, "_contended_until", road._clock() + (100.0 if contended else -100.0))
         with pytest.raises(BufferError):
             MediaHasher("m").key("video", item)
+
+
+def test_gathering_refuses_a_scalar_byte_view_as_blake3_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A 0-d uint8 view has byte format and is contiguous, yet blake3 refuses it ("shape is
+    # null"); gathered into a bytearray it would be taken and the busy road would key it.
+    item = [np.zeros((1000, 1000, 3), np.uint8), memoryview(np.array(7, np.uint8))]  # gathered: 3 MB
+    for contended in (False, True):
+        monkeypatch.setattr(road, "_contended_until", road._clock() + (100.0 if contended else -100.0))
+        with pytest.raises(BufferError):
+            MediaHasher("m").key("video", item)
