@@ -338,6 +338,8 @@ def _as_given(value: Any) -> Any:
 
 
 _SEALED_IMAGE: list[type[Any]] = []
+# The instance attributes of hand-outs as made, "_exif" set by getexif(), and ours.
+_HANDOUT_ATTRIBUTES: set[str] = {"_exif", "_sealed"}
 
 
 def _sealed_image_type() -> type[Any]:
@@ -375,8 +377,11 @@ def _sealed_image_type() -> type[Any]:
                 return False
             if (edits or getattr(self, "_exif", None) is not None) and not _same_tags(_tags_of(self), tags):
                 return False  # the orientation or ImageID set or deleted through getexif()
+            if vars(self).keys() - _HANDOUT_ATTRIBUTES:
+                return False  # a method (getexif, say) or attribute put on this image itself
+            held = info or {}
             try:
-                same_info = bool(self.info == (info or {}))
+                same_info = bool(self.info == held) and _same_types(self.info, held)
             except Exception:  # noqa: BLE001 - an entry whose == raises (an array, say) was put there
                 return False
             return same_info and seal.untouched(buffer)
@@ -442,6 +447,14 @@ def _tags_of(image: Any) -> Any:
         return _MALFORMED
 
 
+def _same_types(info: dict[Any, Any], held: dict[Any, Any]) -> bool:
+    """Whether equal ``info`` and ``held`` hold values of the same types: vLLM's parser
+    reads a transparency of 5.0, (5.0, 0, 0) or an int subclass otherwise than 5."""
+    if any(type(value) is not type(held[name]) for name, value in info.items()):
+        return False
+    return "transparency" not in info or repr(info["transparency"]) == repr(held["transparency"])
+
+
 def _same_tags(a: Any, b: Any) -> bool:
     if a is _MALFORMED or b is _MALFORMED:
         return a is b
@@ -490,6 +503,7 @@ def _image_maker(
             if not tags:
                 tags.append(_tags_of(image))
             image.__class__ = sealed_image
+            _HANDOUT_ATTRIBUTES.update(vars(image))  # what Pillow puts on an image itself
             shares = layout != "RGB"  # packed RGB: Pillow copied the buffer
             image._sealed = (seal, image._im, buffer if shares else None, info, mode, size, edits, tags[0])  # type: ignore[attr-defined]
         return image

@@ -650,6 +650,41 @@ def test_an_untouched_hand_out_given_back_is_not_parsed_again(
     assert _sent(again)[0] == first
 
 
+def _fake_exif(image: Any) -> Image.Exif:
+    exif = Image.Exif()
+    exif[EXIF_IMAGE_ID] = uuid.UUID(int=9)
+    return exif
+
+
+# Changes to a hand-out that its pixels, core, EXIF cache and == on info do not show.
+UNSEEN_CHANGES: dict[str, Callable[[Any], None]] = {
+    "transparency 5 made 5.0": lambda image: image.info.__setitem__("transparency", 5.0),
+    "getexif replaced on the image": lambda image: setattr(image, "getexif", lambda: _fake_exif(image)),
+}
+
+
+@pytest.mark.parametrize("change", list(UNSEEN_CHANGES), ids=list(UNSEEN_CHANGES))
+def test_a_hand_out_changed_where_equality_cannot_see_is_not_pristine(store: str, change: str) -> None:
+    # The untouched road takes the seal without a parse; these changes make vLLM's parser
+    # read the image otherwise (5.0 raises in its convert), so they must leave that road.
+    image = _tagged(mode="L")
+    image.info["transparency"] = 5
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": image})
+    first, sent = _sent(record)
+    UNSEEN_CHANGES[change](sent)
+    assert not sent.pristine()
+    try:
+        want: object = "stage0:rep0:" + MediaHasher(HASHER.model_id).content_key("image", sent)
+    except Exception as error:  # noqa: BLE001 - the record must refuse it as the hasher does
+        want = type(error)
+    try:
+        got: object = _sent(TextPrompt(prompt="<image>", multi_modal_data={"image": sent}))[0]
+    except Exception as error:  # noqa: BLE001
+        got = type(error)
+    assert got == want != first
+    assert _sent(record)[0] == first
+
+
 def test_a_mutable_tag_value_is_the_records_own(store: str) -> None:
     # An ImageID may be any object (vLLM keys only a UUID); a list set through getexif()
     # is copied into the seal and into each hand-out, so changing one changes no other.
