@@ -113,7 +113,9 @@ def _split_items(modality: str, data: Any) -> list[object]:
         if as_list and len(data) > 0 and (is_pil_image(data[0]) or all(_ndim(frame) == 3 for frame in data)):
             return [data]  # one video given as its frames
         if ndim == 4 or (isinstance(data, tuple) and len(data) == 2):
-            return [data]
+            return [data]  # one video, or (frames, metadata)
+        if isinstance(data, tuple):
+            return list(data)  # any other tuple is a tuple of videos to vLLM
     elif modality == "audio":
         if as_list and len(data) > 0 and isinstance(data[0], float):
             return [data]  # one waveform given as a list of floats
@@ -122,6 +124,18 @@ def _split_items(modality: str, data: Any) -> list[object]:
     if ndim is not None or as_list or (modality == "image" and isinstance(data, tuple)):
         return list(data)
     return [data]
+
+
+def _check_no_text(where: str, modality: str, data: object, items: Sequence[object]) -> None:
+    """A str is no image, video or audio: vLLM's parser reads its characters as items
+    (its renderer then refuses an image) or fails; a URL or path is for the chat path."""
+    if isinstance(data, str):
+        raise PromptTypeError(where, f"a str is not {modality} data (vLLM refuses it); load the media first")
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            raise PromptTypeError(
+                f"{where}[{i}]", f"a str is not {modality} data (vLLM refuses it); load the media first"
+            )
 
 
 # -- converters: plain values in, frozen values out; idempotent on frozen values --
@@ -178,6 +192,8 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
         # A pvector is a list of items already (a record's own); anything else is read
         # the way vLLM reads it, so single items and lists give the same record.
         items = data if isinstance(data, PVector) else _split_items(modality, data)
+        if modality in _VISUAL_AUDIO:
+            _check_no_text(where, modality, data, items)
         if modality == "video":
             _check_video_items(where, items, given_as_items=isinstance(data, PVector))
         if modality == "audio":

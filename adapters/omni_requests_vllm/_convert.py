@@ -255,22 +255,12 @@ def _as_vllm_reads(prompt: Mapping[str, object]) -> dict[str, object]:
     """The fields as vLLM's renderer reads them.
 
     A modality whose data is None and has UUIDs is dropped with them: vLLM ignores both
-    (no item, so no key); without UUIDs vLLM refuses it, and so do records. A str is no
-    image: vLLM's renderer refuses it.
+    (no item, so no key); without UUIDs vLLM refuses it, and so do records.
     """
     fields = dict(prompt)
     data = fields.get("multi_modal_data")
     if not isinstance(data, Mapping):
         return fields
-    image = data.get("image")
-    if isinstance(image, str):
-        raise PromptTypeError("$.multi_modal_data.image", "a str is not an image (vLLM refuses it)")
-    if isinstance(image, (list, tuple)):
-        for i, item in enumerate(image):
-            if isinstance(item, str):
-                raise PromptTypeError(
-                    f"$.multi_modal_data.image[{i}]", "a str is not an image (vLLM refuses it)"
-                )
     uuids = fields.get("multi_modal_uuids")
     if not isinstance(uuids, Mapping):
         return fields

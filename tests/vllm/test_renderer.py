@@ -60,7 +60,7 @@ from vllm.multimodal.hasher import MultiModalHasher
 from vllm.multimodal.image import convert_image_mode, normalize_image
 
 from omni_requests import MediaHasher, TextPrompt, media_keys, rendered_uuids, scope_to_replica
-from omni_requests_vllm import to_vllm
+from omni_requests_vllm import from_vllm, to_vllm
 
 pytestmark = pytest.mark.vllm
 
@@ -304,6 +304,28 @@ def test_mixed_uuid_and_none_lists_behave_as_in_vllm(qwen2_vl: TinyModel, uncach
     assert {m: [k.render() for k in keys if k] for m, keys in media_keys(record, hasher).items()} == (
         tm.mm_hashes_of(from_record)
     )
+    assert from_record["mm_placeholders"] == from_dict["mm_placeholders"]
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_tuple_of_videos_is_split_as_vllms_parser_splits_it(
+    count: int, qwen2_vl: TinyModel, uncached_renderer: Any
+) -> None:
+    # vLLM reads a 2-tuple as one (frames, metadata) video and any other tuple as videos.
+    videos = tuple(_frames() for _ in range(count))
+    uuids = [f"clip-{i}" if i % 2 else None for i in range(count)]
+    plain = {
+        "prompt": qwen2_vl.prompt(video=count),
+        "multi_modal_data": {"video": videos},
+        "multi_modal_uuids": {"video": uuids},
+    }
+    record = from_vllm(plain)
+    assert len(record.multi_modal_data["video"]) == count
+    renderer = uncached_renderer("qwen2_vl")
+    from_record, from_dict = render(renderer, to_vllm(record)), render(renderer, plain)
+    hasher = MediaHasher(qwen2_vl.model_id)
+    want = [uuid or hasher.key("video", video) for uuid, video in zip(uuids, videos, strict=True)]
+    assert tm.mm_hashes_of(from_record) == tm.mm_hashes_of(from_dict) == {"video": want}
     assert from_record["mm_placeholders"] == from_dict["mm_placeholders"]
 
 
