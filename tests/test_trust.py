@@ -361,12 +361,13 @@ def _beyond_unicode() -> Any:
     [
         (lambda: TextPrompt(prompt=_beyond_unicode()), "$.prompt"),
         (
-            lambda: TextPrompt(prompt="x", multi_modal_data={"video": [str(_beyond_unicode())]}),
-            "$.multi_modal_data.video[0]",
+            lambda: TextPrompt(prompt="x", multi_modal_data={"caption": [str(_beyond_unicode())]}),
+            "$.multi_modal_data.caption[0]",
         ),
         (
-            lambda: from_vllm({"prompt": "", "multi_modal_data": {"video": np.array([_beyond_unicode()])}}),
-            "$.multi_modal_data.video[0]",
+            # A custom modality: a str as image, video or audio is refused as no media at all.
+            lambda: from_vllm({"prompt": "", "multi_modal_data": {"caption": np.array([_beyond_unicode()])}}),
+            "$.multi_modal_data.caption[0]",
         ),
         (
             lambda: TextPrompt(prompt="x", mm_processor_kwargs={"mode": _beyond_unicode()}),

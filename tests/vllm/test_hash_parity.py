@@ -114,6 +114,12 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
         with pytest.raises(PromptTypeError, match="audio"):
             _in_a_record(modality, item)
         return
+    if isinstance(item, str) and modality in ("image", "video", "audio"):
+        # Records refuse a str as an image, video or audio item: vLLM's renderer refuses it
+        # or reads its characters as items (test_records.py); its hasher still keys it.
+        with pytest.raises(PromptTypeError, match="a str is not"):
+            _in_a_record(modality, item)
+        return
     frozen, sent = _in_a_record(modality, item)
     assert hasher.key(modality, frozen) == expected
     assert hasher.key(modality, frozen) == expected  # again: cached where the bytes are frozen
@@ -210,7 +216,8 @@ nested = st.recursive(
 
 
 @PARITY
-@given(hasher=hashers(), modality=modalities, value=nested)
+# "caption": a custom modality, whose str items records take as they are.
+@given(hasher=hashers(), modality=modalities | st.just("caption"), value=nested)
 def test_nested_values(hasher: MediaHasher, modality: str, value: object) -> None:
     assert_parity(hasher, modality, value)
 
