@@ -267,6 +267,12 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
         check_hashable_tensor(value, path)
         return seal_tensor(value)
     if kind is MediaKind.IMAGE:
+        try:  # a file image decodes on first use: fail here, by name, not in a hash
+            value.load()  # type: ignore[attr-defined]
+        except Exception as error:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, its own
+            raise InvalidPromptError(
+                path, f"the image cannot be read ({type(error).__name__}: {error}); vLLM could not parse it"
+            ) from None
         return seal_image(value)
     if isinstance(value, memoryview):
         return value.tobytes()

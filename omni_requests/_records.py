@@ -542,6 +542,18 @@ def media_view(data: Mapping[str, Any], uuids: Mapping[str, Any]) -> tuple[Media
     return tuple(rows)
 
 
+def check_bindable(view: tuple[MediaRow, ...]) -> None:
+    """Content binding needs every user-keyed item present: a cached-only one has no content."""
+    for modality, items, given in view:
+        for i, uuid in enumerate(given or ()):
+            if uuid is not None and (items is None or items[i] is None):
+                raise InvalidPromptError(
+                    f"$.multi_modal_data.{modality}[{i}]",
+                    f"the policy binds UUID {uuid!r} to its item's content, but the item is not "
+                    "sent (cached only); send the item or scope without bind_content",
+                )
+
+
 class _Derived:
     """Slots for what a record derives from its fields, outside attrs: not fields, so not
     compared, printed or pickled.
@@ -610,6 +622,8 @@ class _Prompt(_Derived):
         view = media_view(data, uuids)
         if uuids:
             _check_uuids_name_their_items(self.multi_modal_uuids, view)
+            if self.scope is not None and self.scope.policy.bind_content:
+                check_bindable(view)  # a copy of a bound record (replace_media, evolve) too
         object.__setattr__(self, "_view", view)
         object.__setattr__(self, "_memo", {})
 

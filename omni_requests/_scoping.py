@@ -14,11 +14,19 @@ from typing import Any, Final, TypeVar
 
 from pyrsistent import PMap, PVector, pmap, pvector
 
-from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._errors import InvalidPromptError, OmniRequestsError, PromptTypeError, type_name
 from ._hashing import MediaHasher
 from ._keys import _DEFAULT_POLICY, MAX_INDEX, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index, key_text
 from ._media import plain_map
-from ._records import _EMPTY, SINGLE_KINDS, EncoderDecoderPrompt, SinglePrompt, field_copier, replace_fields
+from ._records import (
+    _EMPTY,
+    SINGLE_KINDS,
+    EncoderDecoderPrompt,
+    SinglePrompt,
+    check_bindable,
+    field_copier,
+    replace_fields,
+)
 
 __all__ = ["media_keys", "one_request", "rendered_uuids", "scope_to_replica"]
 
@@ -101,7 +109,7 @@ def scope_to_replica(
     elif current is not None and current.policy is not policy:
         _check_policy_kept(current.policy, policy)
     if policy.bind_content:
-        _check_bindable(single)
+        check_bindable(single._view)
     scope = _SCOPES.get((stage_id, replica_id, id(hasher), id(policy)))
     if scope is None or scope.hasher is not hasher or scope.policy is not policy:
         scope = _new_scope(stage_id, replica_id, hasher, policy)
@@ -145,18 +153,6 @@ def _scope_pair(
         return prompt
     scoped: _P = replace_fields(prompt, encoder_prompt=encoder, decoder_prompt=decoder)
     return scoped
-
-
-def _check_bindable(prompt: SinglePrompt) -> None:
-    """Content binding needs every user-keyed item present: a cached-only one has no content."""
-    for modality, items, given in prompt._view:
-        for i, uuid in enumerate(given or ()):
-            if uuid is not None and (items is None or items[i] is None):
-                raise InvalidPromptError(
-                    f"$.multi_modal_data.{modality}[{i}]",
-                    f"the policy binds UUID {uuid!r} to its item's content, but the item is not "
-                    "sent (cached only); send the item or scope without bind_content",
-                )
 
 
 class _RequestDigests:
@@ -221,6 +217,20 @@ def one_request(hasher: MediaHasher) -> Iterator[None]:
 _K = TypeVar("_K")
 
 
+def _keyed(key_of: Callable[[str, Any], str], modality: str, index: int, item: object) -> str:
+    """``key_of(modality, item)``, where an item vLLM's parser would refuse too (an image
+    whose transparency Pillow cannot apply, say) raises our error, naming the item."""
+    try:
+        return key_of(modality, item)
+    except OmniRequestsError:
+        raise
+    except Exception as error:  # whatever Pillow, numpy or torch raise on it
+        raise InvalidPromptError(
+            f"$.multi_modal_data.{modality}[{index}]",
+            f"cannot be keyed ({type(error).__name__}: {error})",
+        ) from error
+
+
 def _derive(
     prompt: SinglePrompt,
     hasher: MediaHasher | None,
@@ -237,7 +247,7 @@ def _derive(
     whether they came from UUIDs alone (then they depend on no item's bytes).
     """
     if bind:
-        _check_bindable(prompt)
+        check_bindable(prompt._view)
     keys: dict[str, list[_K | None]] = {}
     by_uuid_alone = not bind
     # Inside one_request: its keys for this hasher (an equal one computes the same keys).
@@ -252,7 +262,8 @@ def _derive(
         for i, item in enumerate(items):
             uuid = None if given is None else given[i]
             if uuid is not None:
-                row.append(user(uuid, hasher._record_fingerprint(modality, item) if bind else None))  # type: ignore[union-attr]
+                fingerprint = _keyed(hasher._record_fingerprint, modality, i, item) if bind else None  # type: ignore[union-attr]
+                row.append(user(uuid, fingerprint))
             elif item is None:
                 row.append(None)
             elif hasher is None:
@@ -264,7 +275,7 @@ def _derive(
                 # then is a changed item seen.
                 by_uuid_alone = False
                 key_of = hasher._content_key if reuse is None else reuse.content_key
-                row.append(content(key_of(modality, item)))
+                row.append(content(_keyed(key_of, modality, i, item)))
         keys[modality] = row
     return keys, by_uuid_alone
 

@@ -262,6 +262,21 @@ def test_a_cached_only_item_cannot_be_bound(hasher: MediaHasher) -> None:
     assert scope_to_replica(p, 0, hasher=hasher) is not p  # fine without binding
 
 
+def test_a_bound_records_copy_cannot_make_an_item_cached_only(hasher: MediaHasher) -> None:
+    # A copy keeps the scope and its policy: refused when built, not when it is rendered.
+    p = TextPrompt(prompt="x", multi_modal_data={"image": _image(1)}, multi_modal_uuids={"image": "photo"})
+    bound = scope_to_replica(p, 0, hasher=hasher, policy=KeyPolicy(bind_content=True))
+    for copy in (
+        lambda: bound.replace_media({"image": [None]}, {"image": ["photo"]}),
+        lambda: attrs.evolve(bound, multi_modal_uuids={"image": ["photo"], "audio": ["a"]}),
+    ):
+        with pytest.raises(InvalidPromptError, match="cached only") as caught:
+            copy()
+        assert caught.value.path.startswith("$.multi_modal_data.")
+    unbound = scope_to_replica(p, 0, hasher=hasher)
+    assert unbound.replace_media({"image": [None]}, {"image": ["photo"]}).multi_modal_data["image"][0] is None
+
+
 def test_media_keys_carry_the_binding(hasher: MediaHasher) -> None:
     item = _image(3)
     p = TextPrompt(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 from typing import Any
 
@@ -21,9 +22,10 @@ from omni_requests import (
     PromptTypeError,
     TextPrompt,
     TokensPrompt,
+    scope_to_replica,
 )
 from omni_requests._embedding_fields import EmbeddingFields  # private: made by the chat path
-from omni_requests_vllm import to_vllm
+from omni_requests_vllm import from_vllm, to_vllm
 
 from .conftest import video
 
@@ -381,6 +383,34 @@ def test_a_tensor_no_engine_can_key_is_refused_with_our_error() -> None:
     fixed = strided.clone(memory_format=torch.contiguous_format)  # what the message advises
     for fine in (fixed, torch.zeros(4, dtype=torch.bfloat16)[::2], torch.zeros(2)[::2]):
         TextPrompt(prompt="x", multi_modal_data={"image": [fine]})
+
+
+def test_an_image_file_that_cannot_be_decoded_is_refused_by_name() -> None:
+    # Pillow decodes a file image on first use: the record decodes it when built, so a
+    # truncated file fails there, with our error, not Pillow's OSError at the first key.
+    data = io.BytesIO()
+    Image.new("RGB", (64, 64), (9, 8, 7)).save(data, "PNG")
+    for build in (
+        lambda image: TextPrompt(prompt="<image>", multi_modal_data={"image": image}),
+        lambda image: from_vllm({"prompt": "<image>", "multi_modal_data": {"image": [image]}}),
+    ):
+        truncated = Image.open(io.BytesIO(data.getvalue()[:60]))
+        with pytest.raises(InvalidPromptError, match=r"cannot be read \(OSError") as caught:
+            build(truncated)
+        assert caught.value.path == "$.multi_modal_data.image[0]"
+
+
+def test_an_image_pillow_cannot_convert_is_refused_by_name_when_keyed() -> None:
+    # vLLM's parser applies info["transparency"] through Pillow's convert, which raises
+    # TypeError on a float; the record keys the image as vLLM parses it and says where.
+    image = Image.new("L", (8, 8), 5)
+    image.info["transparency"] = 5.0
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": [np.zeros((2, 2, 3), np.uint8), image]})
+    with pytest.raises(InvalidPromptError, match=r"cannot be keyed \(TypeError") as caught:
+        to_vllm(scope_to_replica(record, 0, hasher=MediaHasher("m")))  # keys are derived here
+    assert caught.value.path == "$.multi_modal_data.image[1]"
+    with pytest.raises(TypeError):  # the content key itself raises, as vLLM's parser does
+        MediaHasher("m").content_key("image", image)
 
 
 # -- EmbeddingFields: one item of vLLM's dict form of a model's embedding fields --

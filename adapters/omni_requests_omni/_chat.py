@@ -22,7 +22,7 @@ from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError
 from omni_requests._adapter_api import type_name
 
 from ._loaders import DefaultLoader, MediaLoader, MediaLoadError
-from ._vllm_chat import chat_with_vllm, checked_roles
+from ._vllm_chat import at_part, chat_with_vllm, checked_roles
 
 __all__ = ["DEFAULT_PLACEHOLDERS", "ChatTemplate", "chat_to_prompt", "default_chat_template"]
 
@@ -211,6 +211,7 @@ def _stand_in(
     conversation: list[dict[str, str]] = []
     data: dict[str, list[object]] = {}
     uuids: dict[str, list[str | None]] = {}
+    parts: dict[str, list[str]] = {}  # per modality, the path of each item's part
     for where, message, role in checked_roles(messages):
         for name in _VLLM_ONLY_FIELDS:
             if message.get(name) is not None:
@@ -255,18 +256,22 @@ def _stand_in(
             item = None if url is None else _load(load, modality, url, f"{at}.{key}")
             data.setdefault(modality, []).append(item)
             uuids.setdefault(modality, []).append(uuid)
+            parts.setdefault(modality, []).append(at)
             marks.append(placeholders.get(modality, f"<{modality}>"))
         # vLLM's default (interleave_mm_strings off): placeholders first, then the text.
         text = "\n".join(texts)
         conversation.append({"role": role, "content": "\n".join([*marks, text] if text else marks)})
     given = any(uuid is not None for row in uuids.values() for uuid in row)
-    return TextPrompt(
-        prompt=template(conversation),
-        # pvectors are taken as lists of items, never re-split the way a bare value is.
-        multi_modal_data={modality: pvector(items) for modality, items in data.items()},
-        multi_modal_uuids={modality: pvector(row) for modality, row in uuids.items()} if given else None,
-        **fields,
-    )
+    try:
+        return TextPrompt(
+            prompt=template(conversation),
+            # pvectors are taken as lists of items, never re-split the way a bare value is.
+            multi_modal_data={modality: pvector(items) for modality, items in data.items()},
+            multi_modal_uuids={modality: pvector(row) for modality, row in uuids.items()} if given else None,
+            **fields,
+        )
+    except OmniRequestsError as error:  # an item's or UUID's error, named at its part
+        raise at_part(error, parts) from None
 
 
 def _load(load: MediaLoader, modality: str, url: str, path: str) -> object:

@@ -96,7 +96,7 @@ class Stage0Balancer:
         ids = [self._id(replica) for replica in replicas]
         keys = task.get("media_keys", ())
         chosen = self.policy(RouteRequest(task.get("request_id"), ids, keys))
-        if chosen not in ids:
+        if isinstance(chosen, bool) or chosen not in ids:  # True == 1: refused, as scope_stage0 does
             raise ValueError(f"{self.policy!r} chose {chosen!r}, which is not among the replicas {ids}")
         return ids.index(chosen)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, Generic, Literal, NamedTuple, TypeVar, overload
+from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar, overload
 
 import attrs
 from pyrsistent import PMap, PVector
@@ -132,6 +132,9 @@ def _carries_media(prompt: object) -> bool:
     return False
 
 
+_PART_NAMES: Final = (".encoder_prompt", ".decoder_prompt")
+
+
 def _parts(record: object) -> list[Any]:
     """The single prompts inside a record (two for an encoder-decoder prompt)."""
     if isinstance(record, EncoderDecoderPrompt):
@@ -145,6 +148,7 @@ class _Request:
     def __init__(self, items: list[object], hasher: MediaHasher, at: Callable[[int], str]) -> None:
         self.hasher = hasher
         self.items = items
+        self._at = at
         self.records: list[object] = []
         for i, item in enumerate(items):
             if isinstance(item, (*_RECORDS, str)) or _is_token_list(item):
@@ -171,9 +175,13 @@ class _Request:
         if found is None:
             record = self.records[index]
             parts = _parts(record) if isinstance(record, _RECORDS) else []
-            found = self._keys[index] = [
-                None if part is None else media_keys(part, self.hasher) for part in parts
-            ]
+            found = []
+            for name, part in zip(_PART_NAMES if len(parts) == 2 else ("",), parts, strict=False):
+                try:
+                    found.append(None if part is None else media_keys(part, self.hasher))
+                except OmniRequestsError as error:  # an item that cannot be keyed, named in the request
+                    raise error.under(self._at(index) + name) from None
+            self._keys[index] = found
         return found
 
     def bases(self) -> Iterator[str]:
@@ -243,9 +251,9 @@ def scope_stage0(
       live replica or is a diffusion stage; ``prompts`` is already an engine request;
       no prompt carries ``multi_modal_data``; or ``pool.select`` returned ``None``.
 
-    Every dict is checked (``from_vllm``) before ``pool.select`` is called, so a bad
-    prompt raises (naming e.g. ``$[1].multi_modal_uuids.image``) before a replica is
-    bound to the request.
+    Every dict is checked (``from_vllm``) and every item keyed before ``pool.select``
+    is called, so a bad prompt raises (naming e.g. ``$[1].multi_modal_uuids.image``)
+    before a replica is bound to the request.
 
     Each media item is hashed at most once in a call: the keys a policy reads to route
     the request are the ones its dicts are rendered with (``one_request``), never kept
@@ -283,7 +291,10 @@ def scope_stage0(
     request = _Request(items, hasher, (lambda i: f"$[{i}]") if many else (lambda _: "$"))
     # One request: routing's keys are the keys its dicts are rendered with.
     with one_request(hasher):
-        replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: list(request.bases())))
+        # Every key first (scoping needs them all anyway): an item that cannot be keyed
+        # raises here, by name, before select binds a replica to the request.
+        bases = list(request.bases())
+        replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: list(bases)))
         if replica is None:
             return passed
         if isinstance(replica, bool) or not isinstance(replica, int) or replica not in pool.replicas:

@@ -214,6 +214,17 @@ def _at(messages: list[dict[str, Any]], where: str) -> object:
     return content[int(found.group(2))] if isinstance(content, list) else None
 
 
+def at_part(error: OmniRequestsError, paths: Mapping[str, Sequence[str]]) -> OmniRequestsError:
+    """``error`` at the chat part behind the item it names (``paths``: per modality, each
+    item's part), or as it is; an error about a whole modality names its first part."""
+    found = _ITEM_PATH.match(error.path)
+    parts = paths.get(found.group(1), ()) if found else ()
+    index = int(found.group(2) or 0) if found else 0
+    if found and index < len(parts):
+        return type(error)(parts[index] + found.group(3), error.message)
+    return error
+
+
 def _part_paths(messages: list[dict[str, Any]]) -> dict[str, list[str]]:
     """Per modality, the path of the part behind each item, in vLLM's item order."""
     paths: dict[str, list[str]] = {}
@@ -366,11 +377,6 @@ def chat_with_vllm(
     try:
         built = from_vllm(record)
     except OmniRequestsError as error:
-        found = _ITEM_PATH.match(error.path)
-        paths = _part_paths(checked).get(found.group(1), []) if found else []
-        index = int(found.group(2) or 0) if found else 0  # a whole modality: its first part
-        if found and index < len(paths):
-            raise type(error)(paths[index] + found.group(3), error.message) from None
-        raise
+        raise at_part(error, _part_paths(checked)) from None
     assert isinstance(built, TokensPrompt)
     return built

@@ -213,6 +213,20 @@ def test_bad_parts_raise_with_the_path_of_the_part(
         chat_to_prompt(_user(part))
 
 
+@pytest.mark.parametrize("uuid", ["stage0:rep1:cat", "tenant:acme:cat", "\ud800"])
+def test_a_uuid_records_refuse_is_named_at_its_part(uuid: str) -> None:
+    # The record's own checks (scoped, policy-shaped, not UTF-8) name $.multi_modal_uuids;
+    # the chat names the part that gave the UUID, as the renderer road does.
+    image = {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(1))}}
+    messages = [
+        {"role": "user", "content": [{**image, "uuid": "fine"}]},
+        {"role": "user", "content": [{"type": "text", "text": "and"}, {**image, "uuid": uuid}]},
+    ]
+    with pytest.raises(InvalidPromptError) as caught:
+        chat_to_prompt(messages)
+    assert caught.value.path == "$.messages[1].content[1]"
+
+
 def test_bad_messages_raise_with_their_path() -> None:
     with pytest.raises(PromptTypeError, match=r"^\$\.messages: must be a list"):
         chat_to_prompt({"role": "user"})  # type: ignore[arg-type]

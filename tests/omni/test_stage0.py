@@ -9,6 +9,7 @@ with no serviceable replica, and a failed preprocessing step.
 from __future__ import annotations
 
 import copy
+import io
 import re
 import uuid
 from typing import Any, ClassVar
@@ -112,6 +113,44 @@ def test_a_bad_prompt_raises_before_a_replica_is_bound() -> None:
     with pytest.raises(InvalidPromptError, match=r"^\$\[1\]\.multi_modal_uuids\.image: .*got 2 vs 1"):
         scope_stage0([_image_prompt(), bad], pool=_pool(2, select), hasher=HASHER)
     assert select.seen == []  # nothing to release: preprocessing never started
+
+
+def _truncated_png() -> Image.Image:
+    data = io.BytesIO()
+    Image.fromarray(image_array(3)).save(data, "PNG")
+    return Image.open(io.BytesIO(data.getvalue()[: len(data.getvalue()) // 2]))  # decoded lazily
+
+
+def _transparency_pillow_refuses() -> Image.Image:
+    image = Image.fromarray(image_array(4)[:, :, 0], "L")
+    image.info["transparency"] = 5.0  # vLLM's parser (Pillow's convert) raises TypeError on it
+    return image
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        (_truncated_png, "the image cannot be read .*truncated"),
+        (_transparency_pillow_refuses, "cannot be keyed .*TypeError"),
+    ],
+    ids=["truncated file", "bad transparency"],
+)
+@pytest.mark.parametrize("policy", ["round robin", "affinity"])
+def test_an_item_that_cannot_be_keyed_raises_by_name_before_a_replica_is_bound(
+    item: Any, message: str, policy: str
+) -> None:
+    # The image reads fine to from_vllm; only decoding or keying fails. A binding policy
+    # (vllm-omni's local pool binds in select) must never be asked for such a request.
+    asked: list[RouteRequest] = []
+    chooser = RoundRobin() if policy == "round robin" else CacheAffinity()
+    bad = {"prompt": "<image> <image>", "multi_modal_data": {"image": [image_array(1), item()]}}
+    with pytest.raises(InvalidPromptError, match=r"^\$\[1\]\.multi_modal_data\.image\[1\]: " + message):
+        scope_stage0(
+            [_image_prompt(), bad],
+            pool=_pool(2, lambda request: asked.append(request) or chooser(request)),
+            hasher=HASHER,
+        )
+    assert asked == []
 
 
 @pytest.mark.parametrize("data", ["array", "tensor"])

@@ -293,6 +293,15 @@ def test_a_distributed_pool_picks_with_the_attached_balancer_and_the_requests_ke
         installed.uninstall()
 
 
+@pytest.mark.parametrize("choice", [True, 3, None, "1"])
+def test_the_balancer_refuses_a_choice_that_is_no_live_replica_id(choice: Any) -> None:
+    # As scope_stage0 refuses it: a bool is no replica id, though True == 1.
+    balancer = Stage0Balancer(lambda request: choice)
+    with pytest.raises(ValueError, match=r"chose .*which is not among the replicas \[0, 2, 1\]"):
+        balancer.select({"request_id": "r"}, [0, 2, 1])
+    assert Stage0Balancer(lambda request: 1).select({"request_id": "r"}, [0, 2, 1]) == 2
+
+
 @pytest.mark.parametrize(
     "pool", [_DistributedPool([]), "no preselect"], ids=["none serviceable", "no preselect"]
 )
