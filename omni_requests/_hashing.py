@@ -130,6 +130,17 @@ def _leaf(update: _Update, value: object) -> None:
         _framed(update, pickle.dumps(value))
 
 
+def _content_leaf(update: _Update, value: object) -> None:
+    """:func:`_leaf` for the content key of an item outside ``image``: a PIL image in it
+    (a video's frame) is keyed by its pixels, never by an EXIF ImageID. vLLM's parser
+    stacks a list of frames into one array (the ID gone), so frames sharing an ID are
+    different media to vLLM, and must be to their keys."""
+    if is_pil_image(value):
+        _pil_image(update, value, by_id=False)
+    else:
+        _leaf(update, value)
+
+
 def _ndarray(update: _Update, array: np.ndarray[Any, Any]) -> None:
     if array.ndim and array.flags.c_contiguous:
         # Everything before the bytes depends only on dtype and shape: walked once per
@@ -188,8 +199,8 @@ def _ndarray_header(update: _Update, array: np.ndarray[Any, Any]) -> None:
         update(_TAG_LEAF)
 
 
-def _pil_image(update: _Update, image: Any) -> None:
-    image_id = _exif_image_id(image)
+def _pil_image(update: _Update, image: Any, by_id: bool = True) -> None:
+    image_id = _exif_image_id(image) if by_id else None
     if image_id is not None:
         _framed(update, image_id)
         return
@@ -266,6 +277,29 @@ def _parse_inputs(image: Any) -> tuple[object, object]:
     )
 
 
+# What Pillow's exif_transpose (in vLLM's parser) looks an orientation up in: 6.0 and
+# np.int64(6) find 6 there; 1, 9 or "6" find nothing and leave the image as it is.
+_TURNS: Final = {n: n for n in range(2, 9)}
+
+
+def _parsed_as(image: Any) -> tuple[object, object]:
+    """What vLLM's parser does with an image besides its pixels, mode and palette: the
+    turn its orientation finds (a repr where the lookup fails), and the transparency entry
+    (typed: 5.0 fails where 5 flattens). Images alike here and in those parse alike."""
+    orientation, transparency = _parse_inputs(image)
+    if type(orientation) is str:  # a repr: look the value itself up
+        try:
+            with exif_untouched(image):
+                orientation = image.getexif().get(EXIF_ORIENTATION)
+        except Exception:  # noqa: BLE001 - as _parse_inputs
+            orientation = None
+    try:
+        turn: object = _TURNS.get(orientation)  # type: ignore[call-overload]
+    except TypeError:  # unhashable: the parser fails on it
+        turn = repr(orientation)
+    return turn, transparency
+
+
 def _exif_image_id(image: Any) -> bytes | None:
     try:
         with exif_untouched(image):
@@ -314,7 +348,7 @@ def _sample_spans(count: int, per: int) -> list[tuple[int, int]]:
     return [(i * last // (_SAMPLES - 1), i * last // (_SAMPLES - 1) + per) for i in range(_SAMPLES)]
 
 
-def _fingerprint_leaf(update: _Update, value: object) -> None:
+def _fingerprint_leaf(update: _Update, value: object, by_id: bool = True) -> None:
     media: Any = value
     kind = media_kind(value)
     if isinstance(value, (bytes, memoryview)):
@@ -325,7 +359,7 @@ def _fingerprint_leaf(update: _Update, value: object) -> None:
         _framed(update, b"ndarray")
         _sampled_array(update, media, media.dtype.str)
     elif kind is MediaKind.IMAGE:
-        _sampled_image(update, media)
+        _sampled_image(update, media, by_id)
     elif kind is MediaKind.TENSOR:
         import torch  # a tensor exists, so torch is imported already
 
@@ -337,6 +371,11 @@ def _fingerprint_leaf(update: _Update, value: object) -> None:
             _sampled_array(update, tensor.numpy(), str(tensor.dtype))
     else:
         _leaf(update, value)
+
+
+def _content_fingerprint_leaf(update: _Update, value: object) -> None:
+    # Outside ``image``, as the content key reads it (see _content_leaf).
+    _fingerprint_leaf(update, value, by_id=False)
 
 
 def _sampled_array(update: _Update, array: np.ndarray[Any, Any], dtype: str) -> None:
@@ -352,10 +391,10 @@ def _sampled_array(update: _Update, array: np.ndarray[Any, Any], dtype: str) -> 
         update(np.ascontiguousarray(array.flat[index]).view(np.uint8).data)
 
 
-def _sampled_image(update: _Update, image: Any) -> None:
-    image_id = _exif_image_id(image)
+def _sampled_image(update: _Update, image: Any, by_id: bool) -> None:
+    image_id = _exif_image_id(image) if by_id else None
     _framed(update, b"image")
-    if image_id is not None:  # vLLM keys the image by this id; so does its fingerprint
+    if image_id is not None:  # vLLM keys an image item by this id; so does its fingerprint
         _framed(update, image_id)
         return
     palette = image.palette
@@ -548,7 +587,9 @@ class MediaHasher:
         (transparency over white) before hashing; :meth:`key` of the image as given sees
         neither, so two images the model sees differently could share a key. For them this
         hashes the parsed image, which is also exactly vLLM's own key; every other item
-        is hashed as given, like vllm-omni does.
+        is hashed as given, like vllm-omni does, except that a PIL image inside it (a
+        video's frame) is hashed by its pixels, never by an EXIF ImageID: vLLM stacks
+        such frames into one array, so frames sharing an ID are different media to it.
         """
         _check_modality(modality)
         return self._content_key(modality, item, record=False)
@@ -564,7 +605,10 @@ class MediaHasher:
             # those images are hashed as given.
             with contextlib.suppress(ValueError):
                 item = _as_vllm_parses_image(current(item) if record else item)
-        return self._cached("key", modality, item, self._digest, record=record)
+            return self._cached("key", modality, item, self._digest, record=record)
+        if modality == "image":
+            return self._cached("key", modality, item, self._digest, record=record)
+        return self._cached("content", modality, item, self._pixels_digest, record=record)
 
     def _record_fingerprint(self, modality: str, item: object) -> str:
         # fingerprint of a record's item (a view read as its seal), modality checked
@@ -638,7 +682,10 @@ class MediaHasher:
             return hashlib.new(self.algorithm)
         return blake3(max_threads=blake3.AUTO) if nbytes >= _PARALLEL_BYTES else blake3()
 
-    def _digest(self, modality: str, item: object) -> str:
+    def _pixels_digest(self, modality: str, item: object) -> str:
+        return self._digest(modality, item, _content_leaf)
+
+    def _digest(self, modality: str, item: object, leaf: _Leaf = _leaf) -> str:
         if type(item) is np.ndarray and item.ndim and item.flags.c_contiguous:
             return self._array_digest(modality, item)
         nbytes = _nbytes_hint(item)
@@ -646,7 +693,7 @@ class MediaHasher:
         update: _Update = hasher.update
         gathering = _Gathering(update, self.algorithm) if nbytes >= 2 * _TIMED_PART_BYTES else None
         for name, value in sorted((("model_id", self.model_id), (modality, item))):
-            _named(gathering or update, name, value, _leaf)
+            _named(gathering or update, name, value, leaf)
         if gathering is not None:
             gathering.finish()
         digest: str = hasher.hexdigest()
@@ -683,7 +730,8 @@ class MediaHasher:
         hasher = self._new_hasher(0)
         update = hasher.update
         _framed(update, b"omni-requests fingerprint 1")
-        _named(update, modality, item, _fingerprint_leaf)
+        leaf = _fingerprint_leaf if modality == "image" else _content_fingerprint_leaf
+        _named(update, modality, item, leaf)
         digest: str = hasher.hexdigest()
         return digest[:_FINGERPRINT_HEX]
 

@@ -403,30 +403,34 @@ def thaw(value: object) -> Any:
 # code (about 0.3-0.8 us a time) and scoped copies of a template share its maps, so the
 # render path reads this dict instead. Being here also means "checked and frozen": a record
 # given another record's map takes it as is. An entry leaves with its map.
-_FROZEN_MAPS: Final[IdentityMap[dict[Any, Any]]] = IdentityMap()
+_FROZEN_MAPS: Final[IdentityMap[tuple[dict[Any, Any], str]]] = IdentityMap()
+"""Each map :func:`frozen_map` built: its plain items and what it was checked as."""
 
 
-def frozen_map(items: dict[_K, _V]) -> PMap[_K, _V]:
-    """A PMap of ``items`` (already checked and frozen), registered with ``items`` as its plain view.
+def frozen_map(items: dict[_K, _V], checked_as: str) -> PMap[_K, _V]:
+    """A PMap of ``items`` (already checked and frozen as ``checked_as``, say "media"),
+    registered with ``items`` as its plain view.
 
     ``items`` is kept, so the caller must not change it afterwards.
     """
     value: PMap[_K, _V] = pmap(items)
     if _FROZEN_MAPS.get(value) is None:
-        _FROZEN_MAPS.put(value, items)
+        _FROZEN_MAPS.put(value, (items, checked_as))
     return value
 
 
-def is_frozen_map(value: object) -> bool:
-    """True for a map :func:`frozen_map` built (so already checked and frozen)."""
-    return _FROZEN_MAPS.get(value) is not None
+def is_frozen_map(value: object, checked_as: str) -> bool:
+    """True for a map :func:`frozen_map` built and checked as ``checked_as`` (or empty):
+    a record's media map is no UUID map, however it is passed on."""
+    entry = _FROZEN_MAPS.get(value)
+    return entry is not None and (entry[1] == checked_as or not entry[0])
 
 
 def plain_map(value: PMap[_K, _V]) -> Mapping[_K, _V]:
     """``value``'s items as a plain ``dict``, in the order the record was given them. Read only."""
-    items = _FROZEN_MAPS.get(value)
-    if items is not None:
-        return items
+    entry = _FROZEN_MAPS.get(value)
+    if entry is not None:
+        return entry[0]
     return dict(value.items())  # not a record's map: read it, without keeping a copy
 
 

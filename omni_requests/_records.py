@@ -19,7 +19,7 @@ from pyrsistent import PMap, PVector, pvector
 
 from ._embedding_fields import EmbeddingFields, check_embedding_items
 from ._errors import InvalidPromptError, PromptTypeError, type_name
-from ._hashing import MediaHasher, _exif_image_id
+from ._hashing import MediaHasher, _exif_image_id, _parsed_as
 from ._identity import IdentityMap
 from ._keys import Scope, looks_scoped, reserved_prefix
 from ._media import (
@@ -87,7 +87,7 @@ StrList: TypeAlias = "list[str] | tuple[str, ...] | PVector[str]"
 
 _VISUAL_AUDIO: Final = frozenset({"image", "video", "audio"})
 
-_EMPTY: Final[PMap[str, Any]] = frozen_map({})
+_EMPTY: Final[PMap[str, Any]] = frozen_map({}, "empty")
 
 
 # -- splitting a modality's value into items, as vLLM's MultiModalDataParser does --
@@ -155,7 +155,7 @@ def _check_modality(path: str, modality: object) -> str:
 def _convert_media(value: MediaDataInput | None) -> MediaData:
     if value is None:
         return _EMPTY
-    if is_frozen_map(value):
+    if is_frozen_map(value, "media"):
         return value  # type: ignore[return-value]
     path = "$.multi_modal_data"
     if not isinstance(value, Mapping):
@@ -213,7 +213,7 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
             freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items)
         )
         _OWN_VECTORS.put(vector, modality)
-    return frozen_map(frozen) if frozen else _EMPTY
+    return frozen_map(frozen, "media") if frozen else _EMPTY
 
 
 # The item lists records froze, by identity, with their modality: a list found here holds
@@ -247,7 +247,7 @@ def _check_video_items(where: str, items: Sequence[object], *, given_as_items: b
 def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:
     if value is None:
         return _EMPTY
-    if is_frozen_map(value):
+    if is_frozen_map(value, "uuids"):
         return value  # type: ignore[return-value]
     path = "$.multi_modal_uuids"
     if not isinstance(value, Mapping):
@@ -261,7 +261,7 @@ def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:
         elif not isinstance(uuids, (list, tuple, PVector)):
             raise PromptTypeError(where, f"must be a str or a list of str or None, got {type_name(uuids)}")
         frozen[modality] = pvector([_check_uuid(f"{where}[{i}]", uuid) for i, uuid in enumerate(uuids)])
-    return frozen_map(frozen) if frozen else _EMPTY
+    return frozen_map(frozen, "uuids") if frozen else _EMPTY
 
 
 def _check_uuid(path: str, uuid: object) -> str | None:
@@ -471,8 +471,10 @@ def values_equal(a: Any, b: Any) -> bool:
         return (
             (a.mode, a.size, a.tobytes()) == (b.mode, b.size, b.tobytes())
             and values_equal(_palette(a), _palette(b))
-            # vLLM keys an image with an EXIF ImageID by that UUID: equal records, equal keys.
+            # vLLM keys an image with an EXIF ImageID by that UUID, and its parser turns it
+            # by its orientation and flattens its transparency: equal records, equal keys.
             and _exif_image_id(a) == _exif_image_id(b)
+            and _parsed_as(a) == _parsed_as(b)
         )
     if kind is MediaKind.SEQUENCE:
         return (

@@ -349,7 +349,7 @@ def _image_tree(image: Any, path: str) -> list[Any]:
     elif type(image_id) in (str, bytes):
         extras["image_id"] = image_id  # vLLM ignores it, but equal records keep it
     orientation = _whole_number(orientation)
-    if orientation is not None:
+    if orientation is not None and 2 <= orientation <= 8:  # a turn vLLM's parser makes; else none
         extras["orientation"] = orientation
     return [_TAGS[_IMAGE], mode, image.size[0], image.size[1], pixels, colors, extras]
 

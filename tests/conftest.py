@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
@@ -55,7 +55,7 @@ class CountingHasher(MediaHasher):
 
     computed: ClassVar[Counter[str]] = Counter()
 
-    def _digest(self, modality: str, item: object) -> str:
-        digest = super()._digest(modality, item)
+    def _digest(self, modality: str, item: object, *leaf: Any) -> str:
+        digest = super()._digest(modality, item, *leaf)
         CountingHasher.computed[digest] += 1
         return digest

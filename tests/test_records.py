@@ -227,6 +227,53 @@ def test_pil_images_compare_by_pixels_and_palette() -> None:
     )
 
 
+def test_images_vllm_parses_apart_are_unequal_records() -> None:
+    # The same pixels turned by an EXIF orientation, or with a transparency entry, give
+    # the model other images and get other keys: equal records would share a cache entry.
+    pixels = np.random.default_rng(0).integers(0, 256, (6, 10, 3), dtype=np.uint8)
+    rotated, transparent = Image.fromarray(pixels), Image.fromarray(pixels)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    rotated.info["exif"] = exif.tobytes()
+    transparent.info["transparency"] = tuple(int(v) for v in pixels[0, 0])
+    upright = TextPrompt(prompt="x", multi_modal_data={"image": Image.fromarray(pixels)})
+    hasher = MediaHasher("m")
+    for image in (rotated, transparent):
+        other = TextPrompt(prompt="x", multi_modal_data={"image": image})
+        assert other != upright
+        assert hasher.content_key("image", image) != hasher.content_key("image", Image.fromarray(pixels))
+        assert other == TextPrompt(prompt="x", multi_modal_data={"image": image.copy()})
+
+
+def _oriented(pixels: np.ndarray[Any, Any], orientation: object) -> TextPrompt:
+    image = Image.fromarray(pixels)
+    image.getexif()[0x0112] = orientation
+    return TextPrompt(prompt="x", multi_modal_data={"image": image})
+
+
+def test_images_vllm_parses_alike_are_equal_records() -> None:
+    # Equality reads the turn vLLM's parser makes, not how the orientation is spelled: a
+    # wire round trip (which sends 6.0 as 6 and 9 not at all) gives an equal record.
+    pixels = np.random.default_rng(1).integers(0, 256, (6, 10, 3), dtype=np.uint8)
+    six = _oriented(pixels, 6)
+    assert six == _oriented(pixels, 6.0) == _oriented(pixels, np.int64(6))
+    assert six != _oriented(pixels, 8)
+    upright = TextPrompt(prompt="x", multi_modal_data={"image": Image.fromarray(pixels)})
+    for no_turn in (1, 9, "6", 2**64 + 6):
+        assert _oriented(pixels, no_turn) == upright
+    hasher = MediaHasher("m")
+    assert hasher.content_key("image", _oriented(pixels, 6.0).multi_modal_data["image"][0]) == (
+        hasher.content_key("image", six.multi_modal_data["image"][0])
+    )
+    # A transparency's type is read: 5 flattens over white, 5.0 fails in vLLM's convert.
+    gray = Image.fromarray(pixels[..., 0])
+    five, five_float = gray.copy(), gray.copy()
+    five.info["transparency"], five_float.info["transparency"] = 5, 5.0
+    assert TextPrompt(prompt="x", multi_modal_data={"image": five}) != TextPrompt(
+        prompt="x", multi_modal_data={"image": five_float}
+    )
+
+
 def test_repr_summarises_media() -> None:
     p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
     assert "ndarray(uint8, 3x8x8x3)" in repr(p)

@@ -13,6 +13,7 @@ import os
 import pickle
 import subprocess
 import sys
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -238,6 +239,59 @@ def test_a_copied_uuid_map_is_the_callers_own_and_binding_gives_new_media_its_ow
         for r in (template, copied)
     ]
     assert keys[0] != keys[1] and all(k.endswith(":clip-1") for k in keys)
+
+
+def test_one_records_media_map_is_no_other_records_uuid_map_nor_the_reverse() -> None:
+    # A record trusts a map a record checked; a media map was never checked as UUIDs
+    # (an engine-scoped UUID rendered with a second prefix) and a UUID map never as media.
+    carrier = TextPrompt(prompt="x", multi_modal_data={"tags": ["stage0:rep1:cat"]})
+    with pytest.raises(InvalidPromptError, match="already scoped") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"tags": [b"a"]}, multi_modal_uuids=carrier.multi_modal_data)
+    assert caught.value.path == "$.multi_modal_uuids.tags[0]"
+    arrays = TextPrompt(prompt="x", multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)})
+    with pytest.raises(PromptTypeError, match="must be a str or None") as caught:
+        TextPrompt(
+            prompt="x",
+            multi_modal_data={"image": np.ones((2, 2, 3), np.uint8)},
+            multi_modal_uuids=arrays.multi_modal_data,
+        )
+    assert caught.value.path == "$.multi_modal_uuids.image[0]"
+    named = TextPrompt(prompt="x", multi_modal_uuids={"image": ["cat"]})
+    with pytest.raises(PromptTypeError, match="a str is not image data") as caught:
+        TextPrompt(prompt="<image>", multi_modal_data=named.multi_modal_uuids)
+    assert caught.value.path == "$.multi_modal_data.image[0]"
+    again = TextPrompt(prompt="<image>", multi_modal_data=arrays.multi_modal_data)
+    assert again.multi_modal_data is arrays.multi_modal_data  # a map of its own kind is taken as checked
+
+
+def test_video_frames_sharing_an_exif_image_id_are_keyed_by_their_pixels() -> None:
+    # vLLM's hasher keys a bare PIL image by its ImageID, but its parser stacks a list of
+    # frames into one array (the ID gone): two videos whose frames share an ID are two
+    # media to vLLM. Keyed by the ID they shared one scoped key, and the engine would
+    # have served the first video's features for the second.
+    def frames(gray: int) -> list[Image.Image]:
+        made = [Image.new("RGB", (8, 8), (gray, gray, gray)) for _ in range(2)]
+        for frame in made:
+            frame.getexif()[0x800D] = uuid.UUID(int=42)
+        return made
+
+    hasher = MediaHasher("m")
+    black, white = frames(0), frames(255)
+    for as_video in (lambda f: f, lambda f: (f, {"fps": 2.0})):
+        keys = {
+            rendered_uuids(
+                scope_to_replica(
+                    TextPrompt(prompt="<video>", multi_modal_data={"video": [as_video(f)]}), 0, hasher=hasher
+                )
+            )["video"][0]  # type: ignore[index]
+            for f in (black, white)
+        }
+        assert len(keys) == 2
+        assert hasher.content_key("video", as_video(black)) != hasher.content_key("video", as_video(white))
+        assert hasher.fingerprint("video", as_video(black)) != hasher.fingerprint("video", as_video(white))
+    assert hasher.key("video", black) == hasher.key("video", white)  # vLLM's hasher, given them bare
+    image = TextPrompt(prompt="<image>", multi_modal_data={"image": black[0]})
+    assert image.multi_modal_data["image"][0].getexif()[0x800D] == uuid.UUID(int=42)  # images keep it
 
 
 def test_evolve_that_silently_drops_a_modality_cannot_leave_its_uuids_behind() -> None:

@@ -158,6 +158,18 @@ def test_an_orientation_that_equals_a_whole_number_arrives_as_that_int(orientati
     )
 
 
+@pytest.mark.parametrize("orientation", [1, 9, "6", 2**64 + 6], ids=["1", "9", "str", "beyond-64-bits"])
+def test_an_orientation_that_turns_nothing_does_not_travel(orientation: object) -> None:
+    # vLLM's parser finds no turn for these; an int beyond 64 bits used to fail encode.
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _exif_image(orientation, None)})
+    back = decode(encode(record))
+    assert 0x0112 not in back.multi_modal_data["image"][0].getexif()
+    assert back == record
+    assert HASHER.content_key("image", back.multi_modal_data["image"][0]) == HASHER.content_key(
+        "image", record.multi_modal_data["image"][0]
+    )
+
+
 def test_a_palette_image_keys_the_same_before_its_palette_is_realized() -> None:
     # putpalette leaves the palette pending until Pillow first reads the pixels; the
     # content key converts to RGB through the palette, so a receiver must get it in the core.
