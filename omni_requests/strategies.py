@@ -457,7 +457,9 @@ def videos(
     """One video, in each form vLLM accepts.
 
     A 4-D uint8 array (frames, height, width, channels); a list of 3-D frames; a list of
-    PIL images (``frame_images``, needs Pillow); or a ``(frames, metadata)`` tuple
+    PIL images (``frame_images``, needs Pillow; in some videos every frame carries one EXIF
+    ``ImageID``, which vLLM's hasher keys a bare image by but its parser drops when it
+    stacks the frames); or a ``(frames, metadata)`` tuple
     (``metadata``) with a dict like the one vLLM's video loader returns, whose keys and
     their order are part of the key.
     """
@@ -486,7 +488,12 @@ def _videos(draw: st.DrawFn, max_frames: int, max_side: int, frame_images: bool,
     if form == "images":
         from PIL import Image
 
-        return [Image.fromarray(draw(_pixels((height, width, 3)))) for _ in range(count)]
+        images = [Image.fromarray(draw(_pixels((height, width, 3)))) for _ in range(count)]
+        if draw(st.booleans()):
+            image_id = uuid.UUID(int=draw(_UINT128))
+            for image in images:
+                image.getexif()[EXIF_IMAGE_ID] = image_id
+        return images
     frames = _relayout(draw, draw(_pixels((count, height, width, channels))))
     if form == "array":
         return frames
@@ -862,21 +869,25 @@ def media_identity(
     >>> media_identity("image", a, "cat-1")
     ('user', 'cat-1')
 
-    With ``parsed=True`` a PIL image under ``image`` is read as vLLM's parser hands it to
-    the model (turned upright by its EXIF orientation, flattened to RGB): images equal in
-    that view are the same input to the model, so they may share a key.
+    With ``parsed=True`` an item is read as vLLM's parser hands it to the model: a PIL
+    image under ``image`` turned upright by its EXIF orientation and flattened to RGB, and
+    a PIL image elsewhere (a video's frame) by its pixels, never its ``ImageID`` (the
+    parser stacks frames into one array). Items equal in that view are the same input to
+    the model, so they may share a key.
     """
     if uuid is not None:
         return ("user", uuid)
     if parsed and modality == "image" and is_pil_image(item):
         with contextlib.suppress(ValueError):  # modes vLLM cannot parse stay as given
             item = _as_vllm_parses_image(item)
-    digest = hashlib.sha256(repr(_content(item)).encode()).hexdigest()
+    by_id = not parsed or modality == "image"
+    digest = hashlib.sha256(repr(_content(item, by_id)).encode()).hexdigest()
     return ("content", modality, digest)
 
 
-def _content(value: object) -> object:
-    """A plain, comparable picture of what vLLM's hasher reads from ``value``."""
+def _content(value: object, by_id: bool = True) -> object:
+    """A plain, comparable picture of what vLLM's hasher reads from ``value`` (an image by
+    its EXIF ``ImageID`` where it has one, unless not ``by_id``)."""
     if value is None or isinstance(value, (str, bytes)):
         return value
     if isinstance(value, memoryview):
@@ -886,22 +897,22 @@ def _content(value: object) -> object:
     media: Any = value
     kind = media_kind(value)
     if kind is MediaKind.ARRAY:
-        data = _content(media.item()) if media.ndim == 0 else media.tobytes()
+        data = _content(media.item(), by_id) if media.ndim == 0 else media.tobytes()
         return ("ndarray", media.dtype.str, media.shape, data)
     if kind is MediaKind.IMAGE:
-        image_id = _exif_image_id(media)
+        image_id = _exif_image_id(media) if by_id else None
         if image_id is not None:
             return image_id
         pixels = np.asarray(media)
         palette = media.palette
-        colors = None if palette is None else (_content(palette.palette), palette.rawmode)
+        colors = None if palette is None else (_content(palette.palette, by_id), palette.rawmode)
         return ("image", media.mode, pixels.dtype.str, pixels.shape, pixels.tobytes(), colors)
     if kind is MediaKind.TENSOR:
         return ("tensor", str(media.dtype), tuple(media.shape), tensor_bytes(media).numpy().tobytes())
     if kind is MediaKind.SEQUENCE:
-        return ("sequence", tuple(_content(v) for v in media))
+        return ("sequence", tuple(_content(v, by_id) for v in media))
     if kind is MediaKind.MAPPING:
-        return ("mapping", tuple((str(k), _content(v)) for k, v in media.items()))
+        return ("mapping", tuple((str(k), _content(v, by_id)) for k, v in media.items()))
     return ("pickle", pickle.dumps(value))
 
 

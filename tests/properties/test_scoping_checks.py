@@ -280,8 +280,9 @@ def _has_exif_image_id(value: object) -> bool:
 @pytest.mark.vllm
 def test_passes_on_vllm_omnis_own_helper_run_on_a_shallow_copy(omni_helper: Callable[..., None]) -> None:
     # The helper leaves UUIDs of a modality without data unscoped, and vLLM ignores them
-    # (no item, so no key): the kit must not judge them as keys. Images with an EXIF
-    # ImageID are left out: the helper keys them by it, which the engine does not (next test).
+    # (no item, so no key): the kit must not judge them as keys. Images and video frames
+    # with an EXIF ImageID are left out: the helper keys them by it, which the engine does
+    # not (next two tests).
     no_image_ids = S.prompts(kinds=("text", "tokens"), media=True).filter(
         lambda p: not any(_has_exif_image_id(v) for v in p.multi_modal_data.values())
     )
@@ -311,6 +312,37 @@ def test_vllm_omnis_helper_keys_two_images_by_one_exif_image_id(omni_helper: Cal
     trace = testing._run(fn, world, scenario)
     problem = testing._CHECKS["distinct_media_distinct_keys"](trace, testing._Context(fn, world, 0))
     assert problem is not None and "different media got the same key" in problem
+
+
+@pytest.mark.vllm
+def test_vllm_omnis_helper_keys_two_videos_by_their_frames_exif_image_id(
+    omni_helper: Callable[..., None],
+) -> None:
+    # The same finding for video: vLLM's hasher keys a list of PIL frames by each frame's
+    # ImageID, yet vLLM's parser stacks the frames into one array (the IDs gone). Two
+    # videos whose frames share an ID get one key: the second is served the first's
+    # features. Our scoping keys the pixels (test_trust.py).
+    def tagged(gray: int) -> list[Image.Image]:
+        frames = [Image.new("RGB", (2, 2), (gray, gray, gray)) for _ in range(2)]
+        for frame in frames:
+            frame.getexif()[0x800D] = uuid.UUID(int=0)
+        return frames
+
+    template = TextPrompt(prompt="<video>", multi_modal_data={"video": [tagged(0)]})
+    scenario = testing._Scenario(
+        template=template,
+        copies=(attrs.evolve(template, multi_modal_data={"video": [tagged(255)]}),),
+        rebuilt=TextPrompt(prompt="<video>", multi_modal_data={"video": [tagged(0)]}),
+        calls=(testing._Call(0, 0, False), testing._Call(1, 0, False)),
+    )
+    world = testing._Dicts(to_vllm)
+    for fn, stale in (
+        (_scopers.vllm_omni_shallow_copy(omni_helper), True),
+        (_scopers.ours_through_dicts, False),
+    ):
+        trace = testing._run(fn, world, scenario)
+        problem = testing._CHECKS["distinct_media_distinct_keys"](trace, testing._Context(fn, world, 0))
+        assert (problem is not None and "different media got the same key" in problem) is stale, problem
 
 
 @pytest.mark.vllm

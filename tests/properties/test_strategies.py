@@ -335,6 +335,37 @@ def test_exif_image_id_decides_the_key_of_an_image() -> None:
 # -- media_identity: an oracle for "equal media", independent of MediaHasher ----------------------
 
 
+def _tagged_frames(gray: int) -> list[Image.Image]:
+    frames = [Image.new("RGB", (3, 2), (gray, gray, gray)) for _ in range(2)]
+    for frame in frames:
+        frame.getexif()[0x800D] = uuid.UUID(int=1)
+    return frames
+
+
+def test_media_identity_reads_video_frames_by_pixels_as_the_model_sees_them() -> None:
+    # vLLM's hasher keys a bare PIL frame by its ImageID, but its parser stacks a video's
+    # frames into one array, the ID gone: as the model sees them, these videos differ.
+    black, white = _tagged_frames(0), _tagged_frames(255)
+    assert S.media_identity("video", black) == S.media_identity("video", white)
+    assert S.media_identity("video", black, parsed=True) != S.media_identity("video", white, parsed=True)
+    # Under image, vLLM's parser drops the ID as well (its turned copy), read as it turns it.
+    assert S.media_identity("image", black[0], parsed=True) != S.media_identity(
+        "image", white[0], parsed=True
+    )
+
+
+def test_videos_of_frames_sharing_an_image_id_are_drawn() -> None:
+    # So a check that reads frames by their ID (vllm-omni's helper does) can be caught.
+    def shares_an_id(pair: tuple[Any, Any]) -> bool:
+        if not all(isinstance(video, list) and isinstance(video[0], Image.Image) for video in pair):
+            return False
+        ids = {frame.getexif().get(0x800D) for video in pair for frame in video}
+        pixels = [np.stack([np.asarray(frame) for frame in video]) for video in pair]
+        return len(ids) == 1 and None not in ids and not np.array_equal(*pixels)
+
+    find(st.tuples(S.videos(), S.videos()), shares_an_id, settings=settings(max_examples=2000, database=None))
+
+
 @pytest.mark.parametrize("modality", S.MODALITIES)
 @FEW
 @given(data=st.data())
