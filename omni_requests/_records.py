@@ -127,15 +127,13 @@ def _split_items(modality: str, data: Any) -> list[object]:
 
 
 def _check_no_text(where: str, modality: str, data: object, items: Sequence[object]) -> None:
-    """A str is no image, video or audio: vLLM's parser reads its characters as items
-    (its renderer then refuses an image) or fails; a URL or path is for the chat path."""
-    if isinstance(data, str):
-        raise PromptTypeError(where, f"a str is not {modality} data (vLLM refuses it); load the media first")
-    for i, item in enumerate(items):
-        if isinstance(item, str):
-            raise PromptTypeError(
-                f"{where}[{i}]", f"a str is not {modality} data (vLLM refuses it); load the media first"
-            )
+    """A str or bytes is no image, video or audio: vLLM's parser reads its characters or
+    bytes as items (its renderer then refuses them) or fails; a URL or path is for the
+    chat path, a file's bytes for a loader (``PIL.Image.open``)."""
+    for path, value in ((where, data), *((f"{where}[{i}]", item) for i, item in enumerate(items))):
+        if isinstance(value, (str, bytes, bytearray)):
+            what = "a str is" if isinstance(value, str) else f"{type_name(value)} are"
+            raise PromptTypeError(path, f"{what} not {modality} data (vLLM refuses it); load the media first")
 
 
 # -- converters: plain values in, frozen values out; idempotent on frozen values --
@@ -195,7 +193,8 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
         if modality in _VISUAL_AUDIO:
             _check_no_text(where, modality, data, items)
         if modality == "video":
-            _check_video_items(where, items, given_as_items=isinstance(data, PVector))
+            # A tuple split into items reaches the engine as a list of them, too.
+            _check_video_items(where, items, given_as_items=isinstance(data, (PVector, tuple)))
         if modality == "audio":
             for i, item in enumerate(items):
                 if isinstance(item, (int, float, np.number, np.bool_)):
@@ -241,6 +240,12 @@ def _check_video_items(where: str, items: Sequence[object], *, given_as_items: b
                 f"{where}[{i}]",
                 "a single PIL image is not a video; give its frames as a list ([image] for a "
                 "one-frame video), or send it under 'image'",
+            )
+        if isinstance(item, tuple) and len(item) != 2:  # vLLM unpacks it and fails
+            raise PromptTypeError(
+                f"{where}[{i}]",
+                f"a tuple of {len(item)} is not a video item; give (frames, metadata), a 4-D array "
+                "or a list of frames",
             )
 
 

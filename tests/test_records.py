@@ -432,6 +432,41 @@ def test_a_tensor_no_engine_can_key_is_refused_with_our_error() -> None:
         TextPrompt(prompt="x", multi_modal_data={"image": [fine]})
 
 
+_FRAME = np.zeros((4, 4, 3), np.uint8)
+_VIDEO = np.zeros((2, 4, 4, 3), np.uint8)
+
+
+@pytest.mark.parametrize(
+    ("data", "path", "match"),
+    [
+        ({"image": b"\x89PNG\r\n"}, "$.multi_modal_data.image", "bytes are not image data"),
+        ({"audio": [bytearray(b"RIFF")]}, "$.multi_modal_data.audio[0]", "bytearray are not audio data"),
+        ({"video": (_FRAME, _FRAME, _FRAME)}, "$.multi_modal_data.video", "frames of one video"),
+        ({"video": (_FRAME,)}, "$.multi_modal_data.video", "frames of one video"),
+        ({"video": [(_VIDEO,)]}, "$.multi_modal_data.video[0]", "a tuple of 1 is not a video item"),
+        ({"video": [_VIDEO, (_VIDEO, {}, 3)]}, "$.multi_modal_data.video[1]", "a tuple of 3"),
+    ],
+    ids=[
+        "bytes-image",
+        "bytearray-audio",
+        "tuple-of-frames",
+        "one-frame-tuple",
+        "1-tuple-item",
+        "3-tuple-item",
+    ],
+)
+def test_media_vllm_cannot_read_as_the_record_would_send_it_is_refused(
+    data: dict[str, Any], path: str, match: str
+) -> None:
+    # A file's bytes are read as numbers by vLLM's parser; a tuple of 3-D frames (vLLM:
+    # videos, each a 3-D array) would be sent in the record's list (vLLM: the frames of
+    # one video); a video item that is a tuple other than a pair fails vLLM's unpacking.
+    with pytest.raises(PromptTypeError, match=match) as caught:
+        TextPrompt(prompt="x", multi_modal_data=data)
+    assert caught.value.path == path
+    assert TextPrompt(prompt="x", multi_modal_data={"thumb": b"kept"}).multi_modal_data["thumb"][0] == b"kept"
+
+
 def test_an_image_file_that_cannot_be_decoded_is_refused_by_name() -> None:
     # Pillow decodes a file image on first use: the record decodes it when built, so a
     # truncated file fails there, with our error, not Pillow's OSError at the first key.

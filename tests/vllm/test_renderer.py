@@ -59,7 +59,14 @@ from PIL import Image
 from vllm.multimodal.hasher import MultiModalHasher
 from vllm.multimodal.image import convert_image_mode, normalize_image
 
-from omni_requests import MediaHasher, TextPrompt, media_keys, rendered_uuids, scope_to_replica
+from omni_requests import (
+    MediaHasher,
+    PromptTypeError,
+    TextPrompt,
+    media_keys,
+    rendered_uuids,
+    scope_to_replica,
+)
 from omni_requests_vllm import from_vllm, to_vllm
 
 pytestmark = pytest.mark.vllm
@@ -327,6 +334,22 @@ def test_a_tuple_of_videos_is_split_as_vllms_parser_splits_it(
     want = [uuid or hasher.key("video", video) for uuid, video in zip(uuids, videos, strict=True)]
     assert tm.mm_hashes_of(from_record) == tm.mm_hashes_of(from_dict) == {"video": want}
     assert from_record["mm_placeholders"] == from_dict["mm_placeholders"]
+
+
+def test_a_one_frame_tuple_a_records_list_would_send_as_other_media_is_refused(
+    qwen2_vl: TinyModel, uncached_renderer: Any
+) -> None:
+    # vLLM reads (frame,) as a tuple of one video whose array is the 3-D frame; a record
+    # carries its items in a list, and vLLM reads a list of 3-D frames as one video of
+    # those frames: other media to the model than the caller's dict.
+    frame = _pixels()
+    plain = {"prompt": qwen2_vl.prompt(video=1), "multi_modal_data": {"video": (frame,)}}
+    given = render(uncached_renderer("qwen2_vl"), plain)
+    listed = render(uncached_renderer("qwen2_vl"), {**plain, "multi_modal_data": {"video": [frame]}})
+    assert tm.mm_hashes_of(given) != tm.mm_hashes_of(listed)
+    with pytest.raises(PromptTypeError, match="frames of one video") as caught:
+        from_vllm(plain)
+    assert caught.value.path == "$.multi_modal_data.video"
 
 
 @pytest.mark.parametrize("scoped", [False, True], ids=["unscoped", "scoped"])

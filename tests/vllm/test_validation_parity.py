@@ -455,17 +455,33 @@ def none_value_with_uuids(draw: st.DrawFn, case: Case) -> Outcome:
 
 
 @mutation()
-def str_as_media(draw: st.DrawFn, case: Case) -> Outcome:
-    # vLLM's parser reads a str's characters as items: its renderer then refuses an
-    # image, its video and audio parsers fail. Records refuse it by name.
+def text_or_bytes_as_media(draw: st.DrawFn, case: Case) -> Outcome:
+    # vLLM's parser reads a str's characters, or a file's bytes, as items: its renderer
+    # then refuses an image, its video and audio parsers fail. Records refuse it by name.
     m = draw(st.sampled_from(sorted({"image", *case.model.modalities})))
-    text = draw(st.sampled_from(["x", "cat.png", "data:image/png;base64,"]))
+    text = draw(
+        st.sampled_from(["x", "cat.png", "data:image/png;base64,", b"\x89PNG\r\n", bytearray(b"RIFF")])
+    )
     if case.counts.get(m):
         i = draw(st.integers(0, case.counts[m] - 1))
         case.items(m)[i] = text
         return refused(PromptTypeError, f"$.multi_modal_data.{m}[{i}]")
     case.data[m] = text
     return refused(PromptTypeError, f"$.multi_modal_data.{m}")
+
+
+@mutation()
+def video_tuple_vllm_cannot_unpack(draw: st.DrawFn, case: Case) -> Outcome:
+    # A tuple other than a pair is a tuple of videos to vLLM's parser: three 3-D frames
+    # fail its video processor (IndexError), and a video item that is a tuple other than
+    # (frames, metadata) fails to unpack (ValueError). Records refuse both by name.
+    frame = _rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)
+    if draw(st.booleans()):
+        case.data["video"] = (frame, frame, frame)
+        return refused(PromptTypeError, "$.multi_modal_data.video")
+    video = _rng.integers(0, 256, (2, 28, 28, 3), dtype=np.uint8)
+    case.data["video"] = [draw(st.sampled_from([(video,), (video, {"fps": 2.0}, 3)]))]
+    return refused(PromptTypeError, "$.multi_modal_data.video[0]")
 
 
 @mutation(min_items=1)
