@@ -39,7 +39,7 @@ from omni_requests import (
 from omni_requests._adapter_api import type_name
 from omni_requests_vllm import to_vllm
 
-from ._routing import RouteRequest, SelectReplica
+from ._routing import RouteRequest, SelectReplica, is_replica_id
 from ._stage0 import Stage0Pool, scope_stage0
 
 __all__ = ["LoadBalancer", "Stage0Balancer", "Stage0Scoping", "install_stage0_scoping"]
@@ -96,7 +96,7 @@ class Stage0Balancer:
         ids = [self._id(replica) for replica in replicas]
         keys = task.get("media_keys", ())
         chosen = self.policy(RouteRequest(task.get("request_id"), ids, keys))
-        if isinstance(chosen, bool) or chosen not in ids:  # True == 1: refused, as scope_stage0 does
+        if not is_replica_id(chosen, ids):  # as scope_stage0 refuses it
             raise ValueError(f"{self.policy!r} chose {chosen!r}, which is not among the replicas {ids}")
         return ids.index(chosen)
 

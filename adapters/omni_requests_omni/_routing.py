@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Final, TypeAlias
+from typing import Final, TypeAlias, TypeGuard
 
 __all__ = ["CacheAffinity", "RoundRobin", "RouteRequest", "SelectReplica"]
 
@@ -87,6 +87,13 @@ class RoundRobin:
 
 
 _SCORE_BYTES: Final = 8
+
+
+def is_replica_id(chosen: object, live: Sequence[int]) -> TypeGuard[int]:
+    """Whether a routing policy's ``chosen`` names one of the ``live`` replicas: an int
+    (never a bool, though True == 1; never a numpy number or float equal to one, which a
+    policy gets from ``np.argmin``), the one test every road applies."""
+    return isinstance(chosen, int) and not isinstance(chosen, bool) and chosen in live
 
 
 def _score(key: str, replica: int) -> int:

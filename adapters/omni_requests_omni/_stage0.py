@@ -28,7 +28,7 @@ from omni_requests import (
 from omni_requests._adapter_api import SINGLE_KINDS, check_index, one_request, type_name, unsealed
 from omni_requests_vllm import from_vllm, to_vllm
 
-from ._routing import RouteRequest, SelectReplica
+from ._routing import RouteRequest, SelectReplica, is_replica_id
 
 __all__ = ["Stage0Pool", "Stage0Result", "scope_stage0"]
 
@@ -297,7 +297,7 @@ def scope_stage0(
         replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: list(bases)))
         if replica is None:
             return passed
-        if isinstance(replica, bool) or not isinstance(replica, int) or replica not in pool.replicas:
+        if not is_replica_id(replica, pool.replicas):
             raise InvalidPromptError(
                 "$.pool.select",
                 f"returned {replica!r} ({type_name(replica)}), which is not a live replica id; "

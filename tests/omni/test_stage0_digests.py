@@ -19,7 +19,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omni_requests import KeyPolicy, MediaHasher, PromptTypeError, TextPrompt, scope_to_replica
+from omni_requests import (
+    InvalidPromptError,
+    KeyPolicy,
+    MediaHasher,
+    PromptTypeError,
+    TextPrompt,
+    scope_to_replica,
+)
 from omni_requests._records import values_equal
 from omni_requests_omni import (
     CacheAffinity,
@@ -293,12 +300,18 @@ def test_a_distributed_pool_picks_with_the_attached_balancer_and_the_requests_ke
         installed.uninstall()
 
 
-@pytest.mark.parametrize("choice", [True, 3, None, "1"])
+@pytest.mark.parametrize("choice", [True, np.True_, 1.0, np.int64(1), np.float64(1.0), 3, None, "1"])
 def test_the_balancer_refuses_a_choice_that_is_no_live_replica_id(choice: Any) -> None:
-    # As scope_stage0 refuses it: a bool is no replica id, though True == 1.
+    # As scope_stage0 refuses it (both roads ask is_replica_id): a bool or a number equal
+    # to an id is no replica id, so a policy behaves the same under either.
     balancer = Stage0Balancer(lambda request: choice)
     with pytest.raises(ValueError, match=r"chose .*which is not among the replicas \[0, 2, 1\]"):
         balancer.select({"request_id": "r"}, [0, 2, 1])
+    if choice is not None:  # None from a pool's select means "leave it unscoped"
+        given = {"prompt": "x", "multi_modal_data": {"image": np.zeros((2, 2, 3), np.uint8)}}
+        pool = Stage0Pool(replicas=[0, 2, 1], select=lambda request: choice)
+        with pytest.raises(InvalidPromptError, match="not a live replica id"):
+            scope_stage0(given, pool=pool, hasher=MediaHasher(MODEL))
     assert Stage0Balancer(lambda request: 1).select({"request_id": "r"}, [0, 2, 1]) == 2
 
 
