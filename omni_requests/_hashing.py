@@ -277,27 +277,36 @@ def _parse_inputs(image: Any) -> tuple[object, object]:
     )
 
 
-# What Pillow's exif_transpose (in vLLM's parser) looks an orientation up in: 6.0 and
-# np.int64(6) find 6 there; 1, 9 or "6" find nothing and leave the image as it is.
+# What Pillow's exif_transpose (in vLLM's parser) looks an orientation up in: 6.0,
+# np.int64(6) and IFDRational(6, 1) find 6 there; 1, 9 or "6" find nothing.
 _TURNS: Final = {n: n for n in range(2, 9)}
+
+
+def vllm_turn(image: Any) -> int | None:
+    """The turn vLLM's parser makes of ``image`` by its EXIF orientation (2 to 8), or None
+    where it makes none: no orientation, one the lookup does not find (or cannot hash), or
+    a transpose that fails (an ``info["xmp"]`` that is no text, say), which vLLM's parser
+    suppresses, keeping the image as it is. Only a found turn costs a transpose."""
+    from PIL import ImageOps  # an image exists, so Pillow is imported already
+
+    with exif_untouched(image):
+        try:
+            turn: int | None = _TURNS.get(image.getexif().get(EXIF_ORIENTATION))
+        except Exception:  # noqa: BLE001 - malformed EXIF or an unhashable value: no turn, as in vLLM
+            return None
+        if turn is not None:
+            try:
+                ImageOps.exif_transpose(image)
+            except Exception:  # noqa: BLE001 - vLLM's parser suppresses it the same way
+                return None
+    return turn
 
 
 def _parsed_as(image: Any) -> tuple[object, object]:
     """What vLLM's parser does with an image besides its pixels, mode and palette: the
-    turn its orientation finds (a repr where the lookup fails), and the transparency entry
-    (typed: 5.0 fails where 5 flattens). Images alike here and in those parse alike."""
-    orientation, transparency = _parse_inputs(image)
-    if type(orientation) is str:  # a repr: look the value itself up
-        try:
-            with exif_untouched(image):
-                orientation = image.getexif().get(EXIF_ORIENTATION)
-        except Exception:  # noqa: BLE001 - as _parse_inputs
-            orientation = None
-    try:
-        turn: object = _TURNS.get(orientation)  # type: ignore[call-overload]
-    except TypeError:  # unhashable: the parser fails on it
-        turn = repr(orientation)
-    return turn, transparency
+    turn it makes, and the transparency entry (typed: 5.0 fails where 5 flattens).
+    Images alike here and in those parse alike."""
+    return vllm_turn(image), _parse_inputs(image)[1]
 
 
 def _exif_image_id(image: Any) -> bytes | None:

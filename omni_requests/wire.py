@@ -58,6 +58,7 @@ from . import (
     __version__,
 )
 from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
+from ._hashing import vllm_turn
 from ._media import (  # the caller's modality order: a PMap iterates in its own
     IMAGE_MODES,
     PALETTE_MODES,
@@ -341,29 +342,17 @@ def _image_tree(image: Any, path: str) -> list[Any]:
     try:
         with exif_untouched(image):
             exif = image.getexif()
-            image_id, orientation = exif.get(EXIF_IMAGE_ID), exif.get(EXIF_ORIENTATION)
+            image_id = exif.get(EXIF_IMAGE_ID)
     except Exception:  # noqa: BLE001 - malformed EXIF: vLLM and our hasher ignore it too
-        image_id = orientation = None
+        image_id = None
     if isinstance(image_id, uuid.UUID):
         extras["image_uuid"] = image_id.bytes
     elif type(image_id) in (str, bytes):
         extras["image_id"] = image_id  # vLLM ignores it, but equal records keep it
-    orientation = _whole_number(orientation)
-    if orientation is not None and 2 <= orientation <= 8:  # a turn vLLM's parser makes; else none
-        extras["orientation"] = orientation
+    turn = vllm_turn(image)
+    if turn is not None:  # only the turn vLLM's parser makes: what the receiver's image must make
+        extras["orientation"] = turn
     return [_TAGS[_IMAGE], mode, image.size[0], image.size[1], pixels, colors, extras]
-
-
-def _whole_number(value: object) -> int | None:
-    """``value`` as an int where it is a number equal to one (``np.int64(6)``, ``6.0``):
-    vLLM's parser looks an orientation up in a dict, where those find 6. Else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        return None
-    try:
-        whole = int(value)
-    except (ValueError, OverflowError):  # NaN, infinity
-        return None
-    return whole if whole == value else None
 
 
 def _name(value: object) -> str:

@@ -10,6 +10,7 @@ import attrs
 import numpy as np
 import pytest
 from PIL import Image
+from PIL.TiffImagePlugin import IFDRational
 from pyrsistent import PMap, PVector, pvector
 
 from omni_requests import (
@@ -22,6 +23,7 @@ from omni_requests import (
     PromptTypeError,
     TextPrompt,
     TokensPrompt,
+    rendered_uuids,
     scope_to_replica,
 )
 from omni_requests._embedding_fields import EmbeddingFields  # private: made by the chat path
@@ -256,10 +258,15 @@ def test_images_vllm_parses_alike_are_equal_records() -> None:
     # wire round trip (which sends 6.0 as 6 and 9 not at all) gives an equal record.
     pixels = np.random.default_rng(1).integers(0, 256, (6, 10, 3), dtype=np.uint8)
     six = _oriented(pixels, 6)
-    assert six == _oriented(pixels, 6.0) == _oriented(pixels, np.int64(6))
+    assert (
+        six
+        == _oriented(pixels, 6.0)
+        == _oriented(pixels, np.int64(6))
+        == _oriented(pixels, IFDRational(6, 1))
+    )
     assert six != _oriented(pixels, 8)
     upright = TextPrompt(prompt="x", multi_modal_data={"image": Image.fromarray(pixels)})
-    for no_turn in (1, 9, "6", 2**64 + 6):
+    for no_turn in (1, 9, "6", 2**64 + 6, [6]):
         assert _oriented(pixels, no_turn) == upright
     hasher = MediaHasher("m")
     assert hasher.content_key("image", _oriented(pixels, 6.0).multi_modal_data["image"][0]) == (
@@ -272,6 +279,24 @@ def test_images_vllm_parses_alike_are_equal_records() -> None:
     assert TextPrompt(prompt="x", multi_modal_data={"image": five}) != TextPrompt(
         prompt="x", multi_modal_data={"image": five_float}
     )
+
+
+def test_an_image_whose_turn_fails_in_vllms_parser_equals_the_unturned_image() -> None:
+    # Orientation 6 in a file's EXIF, beside an XMP entry that is no text: Pillow's
+    # exif_transpose fails stripping the XMP, vLLM's parser suppresses it and keeps the
+    # image unturned. Equal records must be what vLLM sees alike (they used to compare
+    # equal to the turned image, with another key).
+    pixels = np.random.default_rng(2).integers(0, 256, (6, 10, 3), dtype=np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    turned, unturnable = Image.fromarray(pixels), Image.fromarray(pixels)
+    turned.info["exif"] = unturnable.info["exif"] = exif.tobytes()
+    unturnable.info["xmp"] = 123
+    records = [TextPrompt(prompt="x", multi_modal_data={"image": image}) for image in (turned, unturnable)]
+    upright = TextPrompt(prompt="x", multi_modal_data={"image": Image.fromarray(pixels)})
+    keys = [rendered_uuids(scope_to_replica(r, 0, hasher=MediaHasher("m"))) for r in (*records, upright)]
+    assert records[0] != records[1] == upright
+    assert keys[0] != keys[1] == keys[2]
 
 
 def test_repr_summarises_media() -> None:

@@ -12,6 +12,7 @@ import msgspec
 import numpy as np
 import pytest
 from PIL import Image
+from PIL.TiffImagePlugin import IFDRational
 
 from omni_requests import (
     EncoderDecoderPrompt,
@@ -146,7 +147,9 @@ def test_images_keep_what_their_key_reads(image: Any) -> None:
     assert HASHER.fingerprint("image", got) == HASHER.fingerprint("image", image)
 
 
-@pytest.mark.parametrize("orientation", [np.int64(8), 3.0], ids=["numpy-int", "float"])
+@pytest.mark.parametrize(
+    "orientation", [np.int64(8), 3.0, IFDRational(6, 1)], ids=["numpy-int", "float", "rational"]
+)
 def test_an_orientation_that_equals_a_whole_number_arrives_as_that_int(orientation: object) -> None:
     # vLLM's parser looks the orientation up in a dict, where 3.0 and np.int64(8) find
     # 3 and 8 and turn the image: the receiver must turn it too (it used to get none).
@@ -158,12 +161,29 @@ def test_an_orientation_that_equals_a_whole_number_arrives_as_that_int(orientati
     )
 
 
-@pytest.mark.parametrize("orientation", [1, 9, "6", 2**64 + 6], ids=["1", "9", "str", "beyond-64-bits"])
+@pytest.mark.parametrize(
+    "orientation", [1, 9, "6", 2**64 + 6, [6]], ids=["1", "9", "str", "beyond-64-bits", "unhashable"]
+)
 def test_an_orientation_that_turns_nothing_does_not_travel(orientation: object) -> None:
     # vLLM's parser finds no turn for these; an int beyond 64 bits used to fail encode.
     record = TextPrompt(prompt="<image>", multi_modal_data={"image": _exif_image(orientation, None)})
     back = decode(encode(record))
     assert 0x0112 not in back.multi_modal_data["image"][0].getexif()
+    assert back == record
+    assert HASHER.content_key("image", back.multi_modal_data["image"][0]) == HASHER.content_key(
+        "image", record.multi_modal_data["image"][0]
+    )
+
+
+def test_an_orientation_whose_turn_fails_in_vllms_parser_does_not_travel() -> None:
+    # vLLM's parser keeps this image unturned (an XMP entry that is no text fails
+    # Pillow's transpose); XMP does not travel, so the receiver must get no turn either.
+    image = Image.fromarray(np.arange(5 * 7 * 3, dtype=np.uint8).reshape(5, 7, 3))  # EXIF not read yet
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    image.info["exif"], image.info["xmp"] = exif.tobytes(), 123
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": image})
+    back = decode(encode(record))
     assert back == record
     assert HASHER.content_key("image", back.multi_modal_data["image"][0]) == HASHER.content_key(
         "image", record.multi_modal_data["image"][0]
