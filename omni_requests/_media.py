@@ -98,6 +98,38 @@ PALETTE_MODES: Final = ("RGB", "RGBA")
 """The modes of a palette a ``P``/``PA`` image may carry."""
 
 
+def palette_state(image: Any) -> tuple[str, str, bytes, tuple[str, bytes] | None] | None:
+    """An image's palette as Pillow holds it (mode, rawmode, bytes: what the key reads) and,
+    for ``P``/``PA``, as its core does (what converting to RGB, so the content key, reads;
+    the two part when the Python-side palette is replaced after loading); None without one.
+    Read the pixels first: Pillow realizes a pending palette then."""
+    palette = image.palette
+    if palette is None:
+        return None
+    core = None
+    if image.mode in ("P", "PA"):
+        core_mode = image.im.getpalettemode()
+        core = (core_mode, image.im.getpalette(core_mode, core_mode))
+    return (palette.mode, palette.rawmode, bytes(palette.palette), core)
+
+
+def apply_palette_state(image: Any, state: tuple[str, str | None, bytes, Any]) -> None:
+    """Gives ``image`` (a ``P``/``PA`` image of ours, loaded) the palette :func:`palette_state`
+    read, on the Python side and in the core; ``state`` is checked by the caller."""
+    from PIL import ImagePalette  # an image exists, so Pillow is imported already
+
+    palette_mode, rawmode, data, core = state
+    if core is not None:
+        image.im.putpalette(core[0], core[0], core[1])
+    if rawmode is None:
+        palette = ImagePalette.ImagePalette(palette_mode, data)
+    else:
+        palette = ImagePalette.raw(rawmode, data)
+        palette.mode = palette_mode
+    palette.dirty = 0  # as the reader's, whose pixels were read: the core holds it already
+    image.palette = palette
+
+
 class MediaKind(enum.Enum):
     """What a media value is, for the walks that treat each kind its own way (freezing,
     equality, summaries, snapshots, copies): one classifier, :func:`media_kind`."""

@@ -19,12 +19,14 @@ from pyrsistent import PMap, PVector, pvector
 
 from ._embedding_fields import EmbeddingFields, check_embedding_items
 from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._exif import ExifEdits, apply_exif_edits, exif_edits
 from ._hashing import MediaHasher, _exif_image_id, _parsed_as
 from ._identity import IdentityMap
 from ._keys import Scope, looks_scoped, reserved_prefix
 from ._media import (
     FrozenDict,
     MediaKind,
+    apply_palette_state,
     check_text,
     freeze_media,
     freeze_option,
@@ -33,11 +35,12 @@ from ._media import (
     is_pil_image,
     is_torch_tensor,
     media_kind,
+    palette_state,
     plain_map,
     tensor_bytes,
     thaw,
 )
-from ._sealed import current
+from ._sealed import current, is_sealed_image
 
 __all__ = [
     "EmbedsPrompt",
@@ -475,7 +478,8 @@ def values_equal(a: Any, b: Any) -> bool:
     if kind is MediaKind.IMAGE:
         return (
             (a.mode, a.size, a.tobytes()) == (b.mode, b.size, b.tobytes())
-            and values_equal(_palette(a), _palette(b))
+            # as the key reads the palette, and as converting to RGB (the content key) does
+            and palette_state(a) == palette_state(b)
             # vLLM keys an image with an EXIF ImageID by that UUID, and its parser turns it
             # by its orientation and flattens its transparency: equal records, equal keys.
             and _exif_image_id(a) == _exif_image_id(b)
@@ -501,11 +505,6 @@ def values_equal(a: Any, b: Any) -> bool:
     if isinstance(a, float):
         return type(b) is float and np.array(a).tobytes() == np.array(b).tobytes()
     return type(a) is type(b) and bool(a == b)
-
-
-def _palette(image: Any) -> object:
-    palette = image.palette
-    return None if palette is None else (bytes(palette.palette), palette.rawmode)
 
 
 _media_eq = attrs.cmp_using(eq=values_equal)
@@ -922,10 +921,37 @@ def _restore_array(dtype: np.dtype[Any], shape: tuple[int, ...], data: bytes) ->
     return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
+class _ImagePickle:
+    """Pickles a PIL image a record keeps as given (not sealed) with what Pillow's own
+    pickle drops: an RGBA palette (it keeps RGB) and the core's palette, and the parser's
+    tags set through ``getexif()``. Without them the unpickled record converted, turned
+    and keyed the image otherwise."""
+
+    __slots__ = ("image",)
+
+    def __init__(self, image: Any) -> None:
+        self.image = image
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        image = self.image
+        image.load()  # Pillow realizes a pending palette then
+        return (_restore_image, (image, palette_state(image), exif_edits(image)))
+
+
+def _restore_image(image: Any, palette: Any, edits: ExifEdits | None) -> Any:
+    if palette is not None and image.mode in ("P", "PA"):
+        apply_palette_state(image, palette)
+    if edits:
+        apply_exif_edits(image, edits)
+    return image
+
+
 def _pickle_arrays(value: Any) -> Any:
     # Object arrays (allowed in options, never in media) hold pointers, not bytes.
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
         return _ArrayPickle(value)
+    if is_pil_image(value) and not is_sealed_image(value):
+        return _ImagePickle(value)
     if isinstance(value, list):
         return [_pickle_arrays(v) for v in value]
     if isinstance(value, tuple):

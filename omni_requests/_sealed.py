@@ -338,6 +338,13 @@ def _as_given(value: Any) -> Any:
 
 
 _SEALED_IMAGE: list[type[Any]] = []
+
+
+def is_sealed_image(value: object) -> bool:
+    """Whether ``value`` is a record's hand-out of a sealed image (which pickles itself)."""
+    return bool(_SEALED_IMAGE) and isinstance(value, _SEALED_IMAGE[0])
+
+
 # The instance attributes of hand-outs as made, "_exif" set by getexif(), and ours.
 _HANDOUT_ATTRIBUTES: set[str] = {"_exif", "_sealed"}
 

@@ -62,8 +62,10 @@ from ._hashing import vllm_turn
 from ._media import (  # the caller's modality order: a PMap iterates in its own
     IMAGE_MODES,
     PALETTE_MODES,
+    apply_palette_state,
     is_pil_image,
     is_torch_tensor,
+    palette_state,
     plain_map,
 )
 from ._sealed import current
@@ -326,16 +328,7 @@ def _image_tree(image: Any, path: str) -> list[Any]:
     if mode not in _IMAGE_MODES:
         raise PromptTypeError(path, f"a PIL image of mode {mode!r} has no wire form")
     pixels = image.tobytes()  # first, as any reader of the pixels: Pillow realizes a pending palette
-    palette = image.palette
-    colors = None
-    if palette is not None:
-        # The Python-side palette (what equality and the key read) and, for palette
-        # modes, the core's (what converting to RGB, and so the content key, reads).
-        core = None
-        if mode in ("P", "PA"):
-            core_mode = image.im.getpalettemode()
-            core = [core_mode, image.im.getpalette(core_mode, core_mode)]
-        colors = [palette.mode, palette.rawmode, bytes(palette.palette), core]
+    colors = palette_state(image)
     extras: dict[str, Any] = {}
     if "transparency" in image.info:
         extras["transparency"] = _value_tree(image.info["transparency"], f"{path}.info.transparency")
@@ -508,8 +501,6 @@ class _Reader:
         raise WireError(path, f"malformed value with tag {code}")
 
     def palette(self, image: Any, colors: object, path: str) -> None:
-        from PIL import ImagePalette
-
         modes = PALETTE_MODES
         if not (
             type(colors) is list
@@ -520,26 +511,18 @@ class _Reader:
             and len(colors[2]) <= 4 * 256
         ):
             raise WireError(path, "malformed palette")
-        palette_mode, rawmode, data, core = colors
-        if core is not None:
-            if not (
-                image.mode in ("P", "PA")
-                and type(core) is list
-                and len(core) == 2
-                and core[0] in modes
-                and type(core[1]) is bytes
-                and len(core[1]) <= 4 * 256
-                and len(core[1]) % len(core[0]) == 0
-            ):
-                raise WireError(path, "malformed palette")
-            image.im.putpalette(core[0], core[0], core[1])
-        if rawmode is None:
-            palette = ImagePalette.ImagePalette(palette_mode, data)
-        else:
-            palette = ImagePalette.raw(rawmode, data)
-            palette.mode = palette_mode
-        palette.dirty = 0  # as the sender's, whose pixels were read: the core holds it already
-        image.palette = palette
+        core = colors[3]
+        if core is not None and not (
+            image.mode in ("P", "PA")
+            and type(core) is list
+            and len(core) == 2
+            and core[0] in modes
+            and type(core[1]) is bytes
+            and len(core[1]) <= 4 * 256
+            and len(core[1]) % len(core[0]) == 0
+        ):
+            raise WireError(path, "malformed palette")
+        apply_palette_state(image, colors)  # type: ignore[arg-type]
 
     def image(self, args: list[Any], path: str, depth: int) -> Any:
         if not (

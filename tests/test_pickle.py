@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import pickle
+import uuid
+from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
+from pyrsistent import pvector
 
 from omni_requests import (
     EncoderDecoderPrompt,
+    KeyPolicy,
     MediaHasher,
     TextPrompt,
     TokensPrompt,
+    media_keys,
     rendered_uuids,
     scope_to_replica,
 )
@@ -39,6 +45,42 @@ def test_round_trip_keeps_values_scope_and_keys(hasher: MediaHasher, protocol: i
     assert q.scope == p.scope
     assert rendered_uuids(q) == rendered_uuids(p)
     assert not q.multi_modal_data["video"][0].flags.writeable
+
+
+def _kept_as_given() -> list[Image.Image]:
+    """Images a record keeps as given (not sealed), each with what Pillow's pickle drops."""
+    indices = np.arange(24, dtype=np.uint8).reshape(4, 6) % 20
+    rgba = Image.fromarray(indices, "P")
+    rgba.putpalette(bytes(range(80)) + bytes(944), "RGBA")  # Pillow's pickle keeps RGB
+    replaced = Image.fromarray(indices, "P")
+    replaced.putpalette(bytes(range(60)) + bytes(708))
+    replaced.load()
+    replaced.palette.palette = bytes(range(100, 160)) + bytes(708)  # the core keeps the first
+    edited = Image.fromarray(indices, "P")
+    edited.putpalette(bytes(range(60)) + bytes(708))
+    edited.getexif()[0x0112] = 6  # set through getexif(): Pillow's pickle drops them
+    edited.getexif()[0x800D] = uuid.UUID(int=5)
+    return [rgba, replaced, edited]
+
+
+@pytest.mark.parametrize("modality", ["image", "thumb", "video"])
+def test_images_kept_as_given_pickle_with_their_palette_and_tags(modality: str) -> None:
+    # Pickled by Pillow alone these came back converting, turning or keyed otherwise: an
+    # unequal record, other keys, and under bind_content other fingerprints.
+    hasher = MediaHasher("m")
+    items: list[Any] = (
+        [[image, image] for image in _kept_as_given()] if modality == "video" else _kept_as_given()
+    )
+    record = TextPrompt(
+        prompt="x",
+        multi_modal_data={modality: pvector(items)},
+        multi_modal_uuids={modality: [None, None, "clip"]},
+    )
+    bound = scope_to_replica(record, 1, hasher=hasher, policy=KeyPolicy(bind_content=True))
+    copy = pickle.loads(pickle.dumps(bound))
+    assert copy == bound
+    assert rendered_uuids(copy) == rendered_uuids(bound)
+    assert media_keys(copy, hasher) == media_keys(bound, hasher)
 
 
 def test_pickle_holds_no_pyrsistent_objects() -> None:

@@ -229,6 +229,32 @@ def test_pil_images_compare_by_pixels_and_palette() -> None:
     )
 
 
+def test_palette_images_that_convert_apart_are_unequal_records() -> None:
+    # The same indices and palette bytes, read as an RGB or an RGBA palette; and a palette
+    # replaced on the Python side after loading, where converting to RGB reads the core's.
+    # Each pair converts to other colours, so gets other keys: equal records would share.
+    indices = np.arange(24, dtype=np.uint8).reshape(4, 6) % 20
+    colours = bytes(range(240)) + bytes(528)
+
+    def paletted(palette: bytes, mode: str = "RGB") -> Image.Image:
+        image = Image.fromarray(indices, "P")
+        image.putpalette(palette, mode)
+        image.load()
+        return image
+
+    replaced = paletted(bytes(range(60)) + bytes(708))
+    replaced.palette.palette = bytes(range(100, 160)) + bytes(708)
+    hasher = MediaHasher("m")
+    for a, b in [
+        (paletted(colours, "RGB"), paletted(colours, "RGBA")),
+        (replaced, paletted(bytes(range(100, 160)) + bytes(708))),
+    ]:
+        records = [TextPrompt(prompt="x", multi_modal_data={"image": image}) for image in (a, b)]
+        assert records[0] != records[1]
+        assert hasher.content_key("image", a) != hasher.content_key("image", b)
+        assert records[1] == TextPrompt(prompt="x", multi_modal_data={"image": b.copy()})
+
+
 def test_images_vllm_parses_apart_are_unequal_records() -> None:
     # The same pixels turned by an EXIF orientation, or with a transparency entry, give
     # the model other images and get other keys: equal records would share a cache entry.

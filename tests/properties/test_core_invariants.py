@@ -121,12 +121,7 @@ def _pickle_gaps(prompt: SinglePrompt) -> list[str]:
     gaps: list[str] = []
 
     def visit(value: Any) -> None:
-        if isinstance(value, Image.Image):
-            if isinstance(value.getexif().get(0x800D), uuid.UUID):
-                gaps.append("exif image id")
-            if value.mode in ("P", "PA"):
-                gaps.append("palette")
-        elif isinstance(value, torch.Tensor) and value.is_floating_point() and bool(value.isnan().any()):
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and bool(value.isnan().any()):
             gaps.append("nan tensor")
         elif isinstance(value, np.ndarray) and not value.dtype.isnative:
             gaps.append("byte order")
