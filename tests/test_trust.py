@@ -290,6 +290,9 @@ def test_video_frames_sharing_an_exif_image_id_are_keyed_by_their_pixels() -> No
         assert hasher.content_key("video", as_video(black)) != hasher.content_key("video", as_video(white))
         assert hasher.fingerprint("video", as_video(black)) != hasher.fingerprint("video", as_video(white))
     assert hasher.key("video", black) == hasher.key("video", white)  # vLLM's hasher, given them bare
+    # A custom modality's PIL image too (docs/vllm-parity.md): no parser of vLLM's keeps the ID.
+    assert hasher.key("thumb", black[0]) == hasher.key("thumb", white[0])
+    assert hasher.content_key("thumb", black[0]) != hasher.content_key("thumb", white[0])
     image = TextPrompt(prompt="<image>", multi_modal_data={"image": black[0]})
     assert image.multi_modal_data["image"][0].getexif()[0x800D] == uuid.UUID(int=42)  # images keep it
 
