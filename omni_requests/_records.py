@@ -134,8 +134,8 @@ def _check_no_text(where: str, modality: str, data: object, items: Sequence[obje
     bytes as items (its renderer then refuses them) or fails; a URL or path is for the
     chat path, a file's bytes for a loader (``PIL.Image.open``)."""
     for path, value in ((where, data), *((f"{where}[{i}]", item) for i, item in enumerate(items))):
-        if isinstance(value, (str, bytes, bytearray)):
-            what = "a str is" if isinstance(value, str) else f"{type_name(value)} are"
+        if isinstance(value, (str, bytes, bytearray, memoryview)):
+            what = "a str is" if isinstance(value, str) else f"raw bytes ({type_name(value)}) are"
             raise PromptTypeError(path, f"{what} not {modality} data (vLLM refuses it); load the media first")
 
 

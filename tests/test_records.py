@@ -490,8 +490,13 @@ _VIDEO = np.zeros((2, 4, 4, 3), np.uint8)
 @pytest.mark.parametrize(
     ("data", "path", "match"),
     [
-        ({"image": b"\x89PNG\r\n"}, "$.multi_modal_data.image", "bytes are not image data"),
-        ({"audio": [bytearray(b"RIFF")]}, "$.multi_modal_data.audio[0]", "bytearray are not audio data"),
+        ({"image": b"\x89PNG\r\n"}, "$.multi_modal_data.image", r"raw bytes \(bytes\) are not image data"),
+        ({"audio": [bytearray(b"RIFF")]}, "$.multi_modal_data.audio[0]", r"\(bytearray\) are not audio data"),
+        (
+            {"video": memoryview(np.zeros((2, 4, 4, 3), np.uint8))},
+            "$.multi_modal_data.video",
+            r"\(memoryview\)",
+        ),
         ({"video": (_FRAME, _FRAME, _FRAME)}, "$.multi_modal_data.video", "frames of one video"),
         ({"video": (_FRAME,)}, "$.multi_modal_data.video", "frames of one video"),
         ({"video": [(_VIDEO,)]}, "$.multi_modal_data.video[0]", "a tuple of 1 is not a video item"),
@@ -500,6 +505,7 @@ _VIDEO = np.zeros((2, 4, 4, 3), np.uint8)
     ids=[
         "bytes-image",
         "bytearray-audio",
+        "memoryview-video",
         "tuple-of-frames",
         "one-frame-tuple",
         "1-tuple-item",

@@ -460,7 +460,16 @@ def text_or_bytes_as_media(draw: st.DrawFn, case: Case) -> Outcome:
     # then refuses an image, its video and audio parsers fail. Records refuse it by name.
     m = draw(st.sampled_from(sorted({"image", *case.model.modalities})))
     text = draw(
-        st.sampled_from(["x", "cat.png", "data:image/png;base64,", b"\x89PNG\r\n", bytearray(b"RIFF")])
+        st.sampled_from(
+            [
+                "x",
+                "cat.png",
+                "data:image/png;base64,",
+                b"\x89PNG\r\n",
+                bytearray(b"RIFF"),
+                memoryview(b"GIF8"),
+            ]
+        )
     )
     if case.counts.get(m):
         i = draw(st.integers(0, case.counts[m] - 1))
