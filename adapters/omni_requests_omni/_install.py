@@ -36,10 +36,10 @@ from omni_requests import (
     TextPrompt,
     TokensPrompt,
 )
-from omni_requests._adapter_api import type_name
+from omni_requests._adapter_api import check_index, type_name
 from omni_requests_vllm import to_vllm
 
-from ._routing import RouteRequest, SelectReplica, is_replica_id
+from ._routing import RouteRequest, SelectReplica, live_replica_id
 from ._stage0 import Stage0Pool, scope_stage0
 
 __all__ = ["LoadBalancer", "Stage0Balancer", "Stage0Scoping", "install_stage0_scoping"]
@@ -82,13 +82,15 @@ class Stage0Balancer:
 
     def _id(self, replica: Any) -> int:
         if isinstance(replica, int) and not isinstance(replica, bool):
-            return replica
+            return check_index("$.replicas", replica)
         found = None if self.replica_id is None else self.replica_id(replica)
         if found is None:
             raise PromptTypeError(
                 "$.replicas", f"a replica must be an int id or known to replica_id, got {type_name(replica)}"
             )
-        return found
+        # A plain int, as Stage0Pool takes ids: a numpy id from replica_id is refused here,
+        # by name, not later as a policy's choice "not among the replicas".
+        return check_index("$.replicas", found)
 
     def select(self, task: Mapping[str, Any], replicas: Sequence[Any]) -> int:
         if not replicas:
@@ -96,9 +98,10 @@ class Stage0Balancer:
         ids = [self._id(replica) for replica in replicas]
         keys = task.get("media_keys", ())
         chosen = self.policy(RouteRequest(task.get("request_id"), ids, keys))
-        if not is_replica_id(chosen, ids):  # as scope_stage0 refuses it
+        found = live_replica_id(chosen, ids)  # as scope_stage0 reads it
+        if found is None:
             raise ValueError(f"{self.policy!r} chose {chosen!r}, which is not among the replicas {ids}")
-        return ids.index(chosen)
+        return ids.index(found)
 
     def __repr__(self) -> str:
         return f"Stage0Balancer({self.policy!r})"

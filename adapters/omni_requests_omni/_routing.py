@@ -11,7 +11,7 @@ import hashlib
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from typing import Final, TypeAlias, TypeGuard
+from typing import Final, TypeAlias
 
 __all__ = ["CacheAffinity", "RoundRobin", "RouteRequest", "SelectReplica"]
 
@@ -89,11 +89,15 @@ class RoundRobin:
 _SCORE_BYTES: Final = 8
 
 
-def is_replica_id(chosen: object, live: Sequence[int]) -> TypeGuard[int]:
-    """Whether a routing policy's ``chosen`` names one of the ``live`` replicas: an int
-    (never a bool, though True == 1; never a numpy number or float equal to one, which a
-    policy gets from ``np.argmin``), the one test every road applies."""
-    return isinstance(chosen, int) and not isinstance(chosen, bool) and chosen in live
+def live_replica_id(chosen: object, live: Sequence[int]) -> int | None:
+    """A routing policy's ``chosen`` as the plain id of one of the ``live`` replicas, or
+    None where it names none: the one test every road applies. An int (an ``IntEnum``
+    too, read as the int it holds, whose own ``==`` could lie); never a bool, though
+    True == 1, nor a numpy number or float equal to an id (``np.argmin`` gives one)."""
+    if isinstance(chosen, bool) or not isinstance(chosen, int):
+        return None
+    plain = int.__int__(chosen)
+    return plain if plain in live else None
 
 
 def _score(key: str, replica: int) -> int:

@@ -28,7 +28,7 @@ from omni_requests import (
 from omni_requests._adapter_api import SINGLE_KINDS, check_index, one_request, type_name, unsealed
 from omni_requests_vllm import from_vllm, to_vllm
 
-from ._routing import RouteRequest, SelectReplica, is_replica_id
+from ._routing import RouteRequest, SelectReplica, live_replica_id
 
 __all__ = ["Stage0Pool", "Stage0Result", "scope_stage0"]
 
@@ -297,12 +297,13 @@ def scope_stage0(
         replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: list(bases)))
         if replica is None:
             return passed
-        if not is_replica_id(replica, pool.replicas):
+        chosen = live_replica_id(replica, pool.replicas)
+        if chosen is None:
             raise InvalidPromptError(
                 "$.pool.select",
                 f"returned {replica!r} ({type_name(replica)}), which is not a live replica id; "
                 f"live replicas: {list(pool.replicas)}",
             )
-        scoped = [request.scoped(i, replica, as_dicts) for i in range(len(items))]
+        scoped = [request.scoped(i, chosen, as_dicts) for i in range(len(items))]
     result: Any = scoped if many else scoped[0]
-    return Stage0Result(replica, result)
+    return Stage0Result(chosen, result)

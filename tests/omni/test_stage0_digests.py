@@ -12,6 +12,7 @@ the keys are exactly ``scope_to_replica``'s (policies included).
 from __future__ import annotations
 
 import contextvars
+import enum
 from collections import Counter
 from typing import Any
 
@@ -30,6 +31,7 @@ from omni_requests import (
 from omni_requests._records import values_equal
 from omni_requests_omni import (
     CacheAffinity,
+    RoundRobin,
     RouteRequest,
     Stage0Balancer,
     Stage0Pool,
@@ -300,7 +302,21 @@ def test_a_distributed_pool_picks_with_the_attached_balancer_and_the_requests_ke
         installed.uninstall()
 
 
-@pytest.mark.parametrize("choice", [True, np.True_, 1.0, np.int64(1), np.float64(1.0), 3, None, "1"])
+class _EqualsAnything(int):
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    __hash__ = int.__hash__
+
+
+class _Replica(enum.IntEnum):
+    FIRST = 0
+    SECOND = 2
+
+
+@pytest.mark.parametrize(
+    "choice", [True, np.True_, 1.0, np.int64(1), np.float64(1.0), 3, None, "1", _EqualsAnything(7)]
+)
 def test_the_balancer_refuses_a_choice_that_is_no_live_replica_id(choice: Any) -> None:
     # As scope_stage0 refuses it (both roads ask is_replica_id): a bool or a number equal
     # to an id is no replica id, so a policy behaves the same under either.
@@ -312,6 +328,26 @@ def test_the_balancer_refuses_a_choice_that_is_no_live_replica_id(choice: Any) -
         pool = Stage0Pool(replicas=[0, 2, 1], select=lambda request: choice)
         with pytest.raises(InvalidPromptError, match="not a live replica id"):
             scope_stage0(given, pool=pool, hasher=MediaHasher(MODEL))
+
+
+def test_an_int_enum_choice_is_read_as_the_id_it_holds_on_both_roads() -> None:
+    assert Stage0Balancer(lambda request: _Replica.SECOND).select({"request_id": "r"}, [0, 2, 1]) == 1
+    given = {"prompt": "x", "multi_modal_data": {"image": np.zeros((2, 2, 3), np.uint8)}}
+    pool = Stage0Pool(replicas=[0, 2, 1], select=lambda request: _Replica.SECOND)
+    replica, sent = scope_stage0(given, pool=pool, hasher=MediaHasher(MODEL))
+    assert type(replica) is int and replica == 2
+    assert sent["multi_modal_uuids"]["image"][0].startswith("stage0:rep2:")
+
+
+def test_a_replica_id_that_is_no_int_is_refused_by_name_as_the_pool_refuses_it() -> None:
+    # Before, numpy ids from replica_id reached the policy, whose choice among them was
+    # then refused as "not among the replicas" on every request.
+    ids = {"a": np.int64(0), "b": np.int64(1)}
+    for policy in (RoundRobin(), CacheAffinity()):
+        balancer = Stage0Balancer(policy, replica_id=lambda replica: ids[replica])
+        with pytest.raises(PromptTypeError, match=r"must be an int, got numpy.int64") as caught:
+            balancer.select({"request_id": "r", "media_keys": ["k"]}, ["a", "b"])
+        assert caught.value.path == "$.replicas"
     assert Stage0Balancer(lambda request: 1).select({"request_id": "r"}, [0, 2, 1]) == 2
 
 
