@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageOps
 from PIL.TiffImagePlugin import IFDRational
 from pyrsistent import PMap, PVector, pvector
 
@@ -27,6 +27,7 @@ from omni_requests import (
     scope_to_replica,
 )
 from omni_requests._embedding_fields import EmbeddingFields  # private: made by the chat path
+from omni_requests._hashing import vllm_turn
 from omni_requests_vllm import from_vllm, to_vllm
 
 from .conftest import video
@@ -323,6 +324,30 @@ def test_an_image_whose_turn_fails_in_vllms_parser_equals_the_unturned_image() -
     keys = [rendered_uuids(scope_to_replica(r, 0, hasher=MediaHasher("m"))) for r in (*records, upright)]
     assert records[0] != records[1] == upright
     assert keys[0] != keys[1] == keys[2]
+
+
+@pytest.mark.parametrize(
+    "xmp", [None, 123, '<x tiff:Orientation="6"/>'], ids=["no-xmp", "xmp-int", "xmp-text"]
+)
+@pytest.mark.parametrize(
+    "mode", ["1", "L", "P", "PA", "RGB", "RGBA", "I;16", "F", "CMYK", "YCbCr", "LAB", "HSV"]
+)
+def test_the_turn_is_the_one_the_images_own_transpose_makes(mode: str, xmp: object) -> None:
+    # vllm_turn tries the transpose on a 1x1 stand-in (the image's own costs 23 ms at
+    # 4K): it must fail exactly where the image's own would.
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    image = Image.new(mode, (3, 2))
+    image.info["exif"] = exif.tobytes()
+    if xmp is not None:
+        image.info["xmp"] = xmp
+    try:
+        ImageOps.exif_transpose(image.copy())
+        made: int | None = 6
+    except Exception:  # noqa: BLE001 - whatever Pillow raises, vLLM's parser suppresses
+        made = None
+    assert vllm_turn(image) == made
+    assert made == (None if xmp == 123 else 6)  # both roads met
 
 
 def test_repr_summarises_media() -> None:
