@@ -89,6 +89,49 @@ def exif_edits(image: Any) -> ExifEdits | None:
     return edits or None
 
 
+def pickled_tags(image: Any) -> dict[int, Any] | None:
+    """The parser's tags a pickle of ``image`` must carry, or None where the unpickled image
+    reads them from ``info`` as this one does (Pillow's pickle keeps ``info``, not the
+    EXIF cache). A TIFF's tags come from its file; tags set or deleted through
+    ``getexif()`` live in the cache; a cache over an ``info["exif"]`` that cannot be
+    parsed gives tags the unpickled image could not read."""
+    if getattr(image, "_exif", None) is None and not hasattr(image, "tag_v2"):
+        return None
+    try:
+        tags = parser_tags(image)
+    except Exception:  # noqa: BLE001 - malformed: vLLM reads no tags, nor will the unpickled image
+        return None
+    if hasattr(image, "tag_v2"):
+        return tags
+    from PIL import Image  # an image exists, so Pillow is imported already
+
+    probe = Image.Image()  # no pixels: only its info is read
+    probe.info = image.info
+    try:
+        parsed = parser_tags(probe)
+    except Exception:  # noqa: BLE001 - info cannot be parsed, the cache could
+        return tags
+    same = tags.keys() == parsed.keys() and all(same_value(tags[tag], parsed[tag]) for tag in tags)
+    return None if same else {tag: _own(value) for tag, value in tags.items()}
+
+
+def restore_parser_tags(image: Any, tags: dict[int, Any]) -> None:
+    """Makes ``image.getexif()`` (an unpickled image of ours) give exactly ``tags`` among
+    the parser's tags, even where its ``info["exif"]`` cannot be parsed."""
+    try:
+        exif = image.getexif()
+    except Exception:  # noqa: BLE001 - malformed info["exif"]: a cache that does not read it
+        saved = image.info.pop("exif")
+        try:
+            exif = image.getexif()
+        finally:
+            image.info["exif"] = saved
+    for tag in PARSER_TAGS:
+        exif.pop(tag, None)
+        if tag in tags:
+            exif[tag] = _own(tags[tag])
+
+
 def same_value(a: object, b: object) -> bool:
     """``a == b`` for tag values, where an ``==`` that raises or is not a bool means no."""
     if a is b:

@@ -12,7 +12,7 @@ import pickle
 import struct
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeAlias, TypeVar
 
 import numpy as np
 from pyrsistent import PMap, PVector, pmap, pvector
@@ -98,22 +98,42 @@ PALETTE_MODES: Final = ("RGB", "RGBA")
 """The modes of a palette a ``P``/``PA`` image may carry."""
 
 
-def palette_state(image: Any) -> tuple[str, str, bytes, tuple[str, bytes] | None] | None:
+PaletteState: TypeAlias = "tuple[str | None, str | None, bytes | None, tuple[str, bytes] | None]"
+
+
+def palette_state(image: Any) -> PaletteState | None:
     """An image's palette as Pillow holds it (mode, rawmode, bytes: what the key reads) and,
     for ``P``/``PA``, as its core does (what converting to RGB, so the content key, reads;
-    the two part when the Python-side palette is replaced after loading); None without one.
-    Read the pixels first: Pillow realizes a pending palette then."""
+    the two part when the Python-side palette is replaced after loading, and a ``P`` image
+    whose ``palette`` was set to None still converts by the core's: ``(None, None, None,
+    core)``); None without either. Read the pixels first: Pillow realizes a pending
+    palette then."""
     palette = image.palette
-    if palette is None:
-        return None
     core = None
     if image.mode in ("P", "PA"):
         core_mode = image.im.getpalettemode()
         core = (core_mode, image.im.getpalette(core_mode, core_mode))
+    if palette is None:
+        return None if core is None else (None, None, None, core)
     return (palette.mode, palette.rawmode, bytes(palette.palette), core)
 
 
-def apply_palette_state(image: Any, state: tuple[str, str | None, bytes, Any]) -> None:
+def check_palette(image: Any, path: str) -> None:
+    """A ``P``/``PA`` image's palette as Pillow makes them (RGB or RGBA, at most 256
+    colours); one set by hand otherwise could not be pickled or sent on the wire as it is."""
+    state = palette_state(image)
+    if state is None or state[0] is None:
+        return
+    mode, _, data, _ = state
+    if mode not in PALETTE_MODES or len(data or b"") > 4 * 256:
+        raise PromptTypeError(
+            path,
+            f"a palette of {len(data or b'')} bytes in mode {mode!r} is none Pillow makes "
+            "(RGB or RGBA, at most 256 colours); convert the image first",
+        )
+
+
+def apply_palette_state(image: Any, state: PaletteState) -> None:
     """Gives ``image`` (a ``P``/``PA`` image of ours, loaded) the palette :func:`palette_state`
     read, on the Python side and in the core; ``state`` is checked by the caller."""
     from PIL import ImagePalette  # an image exists, so Pillow is imported already
@@ -121,6 +141,9 @@ def apply_palette_state(image: Any, state: tuple[str, str | None, bytes, Any]) -
     palette_mode, rawmode, data, core = state
     if core is not None:
         image.im.putpalette(core[0], core[0], core[1])
+    if palette_mode is None or data is None:  # converted by the core's palette alone
+        image.palette = None
+        return
     if rawmode is None:
         palette = ImagePalette.ImagePalette(palette_mode, data)
     else:
@@ -305,6 +328,8 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
             raise InvalidPromptError(
                 path, f"the image cannot be read ({type(error).__name__}: {error}); vLLM could not parse it"
             ) from None
+        if value.mode in ("P", "PA"):  # type: ignore[attr-defined]
+            check_palette(value, path)
         return seal_image(value)
     if isinstance(value, memoryview):
         return value.tobytes()

@@ -19,7 +19,7 @@ from pyrsistent import PMap, PVector, pvector
 
 from ._embedding_fields import EmbeddingFields, check_embedding_items
 from ._errors import InvalidPromptError, PromptTypeError, type_name
-from ._exif import ExifEdits, apply_exif_edits, exif_edits
+from ._exif import pickled_tags, restore_parser_tags
 from ._hashing import MediaHasher, _exif_image_id, _parsed_as
 from ._identity import IdentityMap
 from ._keys import Scope, looks_scoped, reserved_prefix
@@ -924,8 +924,9 @@ def _restore_array(dtype: np.dtype[Any], shape: tuple[int, ...], data: bytes) ->
 class _ImagePickle:
     """Pickles a PIL image a record keeps as given (not sealed) with what Pillow's own
     pickle drops: an RGBA palette (it keeps RGB) and the core's palette, and the parser's
-    tags set through ``getexif()``. Without them the unpickled record converted, turned
-    and keyed the image otherwise."""
+    tags where ``info`` does not give them (set through ``getexif()``, a TIFF's from its
+    file). Without them the unpickled record converted, turned and keyed the image
+    otherwise."""
 
     __slots__ = ("image",)
 
@@ -935,14 +936,14 @@ class _ImagePickle:
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         image = self.image
         image.load()  # Pillow realizes a pending palette then
-        return (_restore_image, (image, palette_state(image), exif_edits(image)))
+        return (_restore_image, (image, palette_state(image), pickled_tags(image)))
 
 
-def _restore_image(image: Any, palette: Any, edits: ExifEdits | None) -> Any:
+def _restore_image(image: Any, palette: Any, tags: dict[int, Any] | None) -> Any:
     if palette is not None and image.mode in ("P", "PA"):
         apply_palette_state(image, palette)
-    if edits:
-        apply_exif_edits(image, edits)
+    if tags is not None:
+        restore_parser_tags(image, tags)
     return image
 
 

@@ -502,16 +502,20 @@ class _Reader:
 
     def palette(self, image: Any, colors: object, path: str) -> None:
         modes = PALETTE_MODES
-        if not (
-            type(colors) is list
-            and len(colors) == 4
-            and colors[0] in modes
-            and (colors[1] is None or colors[1] in _PALETTE_RAWMODES)
-            and type(colors[2]) is bytes
-            and len(colors[2]) <= 4 * 256
-        ):
+        if type(colors) is not list or len(colors) != 4:
             raise WireError(path, "malformed palette")
-        core = colors[3]
+        palette_mode, rawmode, data, core = colors
+        if palette_mode is None:  # a P image converted by its core's palette alone
+            well_formed = rawmode is None and data is None and core is not None
+        else:
+            well_formed = (
+                palette_mode in modes
+                and (rawmode is None or rawmode in _PALETTE_RAWMODES)
+                and type(data) is bytes
+                and len(data) <= 4 * 256
+            )
+        if not well_formed:
+            raise WireError(path, "malformed palette")
         if core is not None and not (
             image.mode in ("P", "PA")
             and type(core) is list

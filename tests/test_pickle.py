@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import pickle
 import uuid
 from typing import Any
@@ -81,6 +82,42 @@ def test_images_kept_as_given_pickle_with_their_palette_and_tags(modality: str) 
     assert copy == bound
     assert rendered_uuids(copy) == rendered_uuids(bound)
     assert media_keys(copy, hasher) == media_keys(bound, hasher)
+
+
+def _tiff(mode: str) -> Any:
+    buffer = io.BytesIO()
+    Image.fromarray(np.arange(96, dtype=np.uint8).reshape(4, 8, 3)).convert(mode).save(buffer, "TIFF")
+    buffer.seek(0)
+    image = Image.open(buffer)
+    image.load()
+    return image
+
+
+def _malformed_info(image: Image.Image) -> Image.Image:
+    image.info["exif"] = b"Exif\x00\x00garbage"  # after the edit: the cache holds the tag
+    return image
+
+
+@pytest.mark.parametrize("tag", [0x0112, 0x800D], ids=["orientation", "image-id"])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: _tiff("RGB"), lambda: _tiff("P"), lambda: Image.new("P", (8, 4))],
+    ids=["tiff-rgb", "tiff-p", "p-malformed-info"],
+)
+def test_tags_set_where_info_cannot_give_them_back_survive_a_pickle(make: Any, tag: int) -> None:
+    # A TIFF's tags come from its file, and a cache over an info["exif"] Pillow cannot
+    # parse holds tags nothing else does: Pillow's pickle keeps info only, so the
+    # unpickled image was unturned (or keyed without its ImageID).
+    image = make()
+    image.getexif()[tag] = 6 if tag == 0x0112 else uuid.UUID(int=7)
+    if image.format is None:
+        _malformed_info(image)
+    record = TextPrompt(prompt="x", multi_modal_data={"image": image, "thumb": image})
+    copy = pickle.loads(pickle.dumps(record))
+    assert copy == record
+    hasher = MediaHasher("m")
+    assert media_keys(copy, hasher) == media_keys(record, hasher)
+    assert copy.multi_modal_data["thumb"][0].getexif().get(tag) == image.getexif().get(tag)
 
 
 def test_pickle_holds_no_pyrsistent_objects() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import attrs
 import numpy as np
 import pytest
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, ImagePalette
 from PIL.TiffImagePlugin import IFDRational
 from pyrsistent import PMap, PVector, pvector
 
@@ -23,8 +23,10 @@ from omni_requests import (
     PromptTypeError,
     TextPrompt,
     TokensPrompt,
+    media_keys,
     rendered_uuids,
     scope_to_replica,
+    wire,
 )
 from omni_requests._embedding_fields import EmbeddingFields  # private: made by the chat path
 from omni_requests._hashing import vllm_turn
@@ -254,6 +256,42 @@ def test_palette_images_that_convert_apart_are_unequal_records() -> None:
         assert records[0] != records[1]
         assert hasher.content_key("image", a) != hasher.content_key("image", b)
         assert records[1] == TextPrompt(prompt="x", multi_modal_data={"image": b.copy()})
+
+
+def test_palette_images_whose_python_palette_is_gone_compare_by_the_cores() -> None:
+    # image.palette = None: converting to RGB still reads the core's palette, so two such
+    # images with other cores convert apart; and such a record crosses pickle and wire.
+    indices = np.arange(12, dtype=np.uint8).reshape(3, 4)
+
+    def bare(colours: bytes) -> Image.Image:
+        image = Image.fromarray(indices, "P")
+        image.putpalette(colours)
+        image.load()
+        image.palette = None
+        return image
+
+    a, b = bare(bytes(range(48)) * 16), bare(bytes(255 - i for i in range(48)) * 16)
+    records = [TextPrompt(prompt="x", multi_modal_data={"image": image}) for image in (a, b)]
+    assert records[0] != records[1]
+    for back in (pickle.loads(pickle.dumps(records[0])), wire.decode(wire.encode(records[0]))):
+        assert back == records[0]
+        assert media_keys(back, MediaHasher("m")) == media_keys(records[0], MediaHasher("m"))
+
+
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_a_palette_pillow_never_makes_is_refused_by_name(mode: str) -> None:
+    # Set by hand: more than 256 colours, or a palette mode no P image holds. Kept, it
+    # encoded into wire bytes decode refused, or pickled into bytes pickle.loads refused.
+    image = Image.fromarray(np.arange(12, dtype=np.uint8).reshape(3, 4), "P")
+    image.putpalette(bytes(range(12)))
+    image.load()
+    if mode == "RGB":
+        image.palette = ImagePalette.ImagePalette("RGB", bytes(range(256)) * 5)
+    else:
+        image.palette.mode = "L"
+    with pytest.raises(PromptTypeError, match="is none Pillow makes") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"image": [image]})
+    assert caught.value.path == "$.multi_modal_data.image[0]"
 
 
 def test_images_vllm_parses_apart_are_unequal_records() -> None:
