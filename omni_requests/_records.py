@@ -199,13 +199,7 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
             # A tuple split into items reaches the engine as a list of them, too.
             _check_video_items(where, items, given_as_items=isinstance(data, (PVector, tuple)))
         if modality == "audio":
-            for i, item in enumerate(items):
-                if isinstance(item, (int, float, np.number, np.bool_)):
-                    raise PromptTypeError(
-                        f"{where}[{i}]",
-                        "a number is not an audio item (the engine's list of items would read as one "
-                        "waveform); give an array, a list of samples or (array, rate)",
-                    )
+            _check_audio_items(where, items)
         if modality not in _VISUAL_AUDIO and any(isinstance(item, EmbeddingFields) for item in items):
             raise PromptTypeError(
                 where, "vLLM takes a dict of embedding fields only for image, video and audio"
@@ -250,6 +244,27 @@ def _check_video_items(where: str, items: Sequence[object], *, given_as_items: b
                 f"a tuple of {len(item)} is not a video item; give (frames, metadata), a 4-D array "
                 "or a list of frames",
             )
+
+
+def _check_audio_items(where: str, items: Sequence[object]) -> None:
+    for i, item in enumerate(items):
+        if isinstance(item, (int, float, np.number, np.bool_)):
+            raise PromptTypeError(
+                f"{where}[{i}]",
+                "a number is not an audio item (the engine's list of items would read as one "
+                "waveform); give an array, a list of samples or (array, rate)",
+            )
+        if isinstance(item, tuple):  # vLLM unpacks (waveform, rate): other lengths fail there
+            if len(item) != 2:
+                raise PromptTypeError(
+                    f"{where}[{i}]", f"a tuple of {len(item)} is not an audio item; give (waveform, rate)"
+                )
+            if isinstance(item[0], (str, bytes, bytearray, memoryview)):
+                raise PromptTypeError(
+                    f"{where}[{i}]",
+                    f"a {type_name(item[0])} is not a waveform (vLLM's processor refuses it); "
+                    "load the audio first",
+                )
 
 
 def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:

@@ -548,6 +548,7 @@ def test_a_tensor_no_engine_can_key_is_refused_with_our_error() -> None:
 
 _FRAME = np.zeros((4, 4, 3), np.uint8)
 _VIDEO = np.zeros((2, 4, 4, 3), np.uint8)
+_WAVE = np.zeros(16, np.float32)
 
 
 @pytest.mark.parametrize(
@@ -564,6 +565,10 @@ _VIDEO = np.zeros((2, 4, 4, 3), np.uint8)
         ({"video": (_FRAME,)}, "$.multi_modal_data.video", "frames of one video"),
         ({"video": [(_VIDEO,)]}, "$.multi_modal_data.video[0]", "a tuple of 1 is not a video item"),
         ({"video": [_VIDEO, (_VIDEO, {}, 3)]}, "$.multi_modal_data.video[1]", "a tuple of 3"),
+        ({"audio": (_WAVE, 16000, 1)}, "$.multi_modal_data.audio[0]", "a tuple of 3 is not an audio item"),
+        ({"audio": [_WAVE, (_WAVE,)]}, "$.multi_modal_data.audio[1]", "a tuple of 1 is not an audio item"),
+        ({"audio": ("speech.wav", 16000)}, "$.multi_modal_data.audio[0]", "a str is not a waveform"),
+        ({"audio": [(b"RIFF", 16000)]}, "$.multi_modal_data.audio[0]", "a bytes is not a waveform"),
     ],
     ids=[
         "bytes-image",
@@ -573,6 +578,10 @@ _VIDEO = np.zeros((2, 4, 4, 3), np.uint8)
         "one-frame-tuple",
         "1-tuple-item",
         "3-tuple-item",
+        "audio-3-tuple",
+        "audio-1-tuple-item",
+        "audio-str-waveform",
+        "audio-bytes-waveform",
     ],
 )
 def test_media_vllm_cannot_read_as_the_record_would_send_it_is_refused(

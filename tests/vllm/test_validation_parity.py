@@ -493,6 +493,16 @@ def video_tuple_vllm_cannot_unpack(draw: st.DrawFn, case: Case) -> Outcome:
     return refused(PromptTypeError, "$.multi_modal_data.video[0]")
 
 
+@mutation()
+def audio_tuple_vllm_cannot_read(draw: st.DrawFn, case: Case) -> Outcome:
+    # vLLM unpacks an audio tuple as (waveform, rate): other lengths fail there, and a str
+    # or bytes waveform (a file's name or contents) fails its processor. Records refuse both.
+    wave = _rng.standard_normal(800).astype(np.float32)
+    item = draw(st.sampled_from([(wave, 16000, 1), (wave,), ("speech.wav", 16000), (b"RIFF", 16000)]))
+    case.data["audio"] = [item]
+    return refused(PromptTypeError, "$.multi_modal_data.audio[0]")
+
+
 @mutation(min_items=1)
 def non_str_uuid_with_options(draw: st.DrawFn, case: Case) -> Outcome:
     m = _modality(draw, case)
