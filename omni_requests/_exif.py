@@ -120,12 +120,13 @@ def restore_parser_tags(image: Any, tags: dict[int, Any]) -> None:
     the parser's tags, even where its ``info["exif"]`` cannot be parsed."""
     try:
         exif = image.getexif()
-    except Exception:  # noqa: BLE001 - malformed info["exif"]: a cache that does not read it
-        saved = image.info.pop("exif")
+    except Exception:  # noqa: BLE001 - info Pillow cannot parse (EXIF, its raw profile, XMP)
+        image._exif = None  # the failed parse left a partial cache behind
+        saved, image.info = image.info, {}
         try:
-            exif = image.getexif()
+            exif = image.getexif()  # an empty cache, read from nothing
         finally:
-            image.info["exif"] = saved
+            image.info = saved
     for tag in PARSER_TAGS:
         exif.pop(tag, None)
         if tag in tags:

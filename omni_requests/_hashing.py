@@ -241,7 +241,9 @@ def _as_vllm_parses_image(image: Any) -> Any:
     """``convert_image_mode(normalize_image(image), "RGB")`` of vLLM's image parser.
 
     Copies only when the parser would change what is hashed: an EXIF orientation or
-    ImageID (its transposed copy drops the ImageID), transparency, or a non-RGB mode.
+    ImageID (its transposed copy drops the ImageID), transparency, a non-RGB mode, or an
+    RGB image holding a palette (a GIF's later frames): exif_transpose copies even where
+    it turns nothing, and Pillow's copy keeps a palette only for P and PA.
     """
     from PIL import Image, ImageOps  # an image exists, so Pillow is imported already
 
@@ -249,11 +251,14 @@ def _as_vllm_parses_image(image: Any) -> Any:
         try:
             exif = image.getexif()
             transpose = exif.get(EXIF_ORIENTATION, 1) != 1 or EXIF_IMAGE_ID in exif
-        except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
-            transpose = False
-        if transpose:
-            with contextlib.suppress(Exception):
-                image = ImageOps.exif_transpose(image)
+        except Exception:  # noqa: BLE001 - its exif_transpose raises too: vLLM keeps the image
+            pass
+        else:
+            if transpose:
+                with contextlib.suppress(Exception):  # vLLM keeps the image as it is
+                    image = ImageOps.exif_transpose(image)
+            elif image.mode == "RGB" and image.palette is not None:
+                image = image.copy()  # what exif_transpose returns here
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
         rgba = image if image.mode == "RGBA" else image.convert("RGBA")
         flat = Image.new("RGB", rgba.size, (255, 255, 255))

@@ -19,7 +19,7 @@ from pyrsistent import PMap, PVector, pvector
 
 from ._embedding_fields import EmbeddingFields, check_embedding_items
 from ._errors import InvalidPromptError, PromptTypeError, type_name
-from ._exif import pickled_tags, restore_parser_tags
+from ._exif import pickled_tags, restore_parser_tags, same_value
 from ._hashing import MediaHasher, _exif_image_id, _parsed_as
 from ._identity import IdentityMap
 from ._keys import Scope, looks_scoped, reserved_prefix
@@ -482,6 +482,12 @@ def values_equal(a: Any, b: Any) -> bool:
     if kind is MediaKind.IMAGE or kind is MediaKind.TENSOR:
         a, b = current(a), current(b)  # a record's view: the bytes it sealed
     if kind is MediaKind.ARRAY:
+        if a.dtype.hasobject or b.dtype.hasobject:  # options only: its bytes are pointers
+            return (
+                a.dtype == b.dtype
+                and a.shape == b.shape
+                and all(values_equal(x, y) for x, y in zip(a.flat, b.flat, strict=True))
+            )
         return bool(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
     if kind is MediaKind.TENSOR:
         import torch
@@ -519,7 +525,7 @@ def values_equal(a: Any, b: Any) -> bool:
         return type(a) is type(b) and a.dtype == b.dtype and a.tobytes() == b.tobytes()
     if isinstance(a, float):
         return type(b) is float and np.array(a).tobytes() == np.array(b).tobytes()
-    return type(a) is type(b) and bool(a == b)
+    return same_value(a, b)  # an option's own ==, where one that raises means "not equal"
 
 
 _media_eq = attrs.cmp_using(eq=values_equal)
@@ -955,7 +961,7 @@ class _ImagePickle:
 
 
 def _restore_image(image: Any, palette: Any, tags: dict[int, Any] | None) -> Any:
-    if palette is not None and image.mode in ("P", "PA"):
+    if palette is not None:  # P, PA, and an RGB GIF frame's, which Pillow's pickle drops
         apply_palette_state(image, palette)
     if tags is not None:
         restore_parser_tags(image, tags)

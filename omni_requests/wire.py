@@ -62,6 +62,7 @@ from ._hashing import vllm_turn
 from ._media import (  # the caller's modality order: a PMap iterates in its own
     IMAGE_MODES,
     PALETTE_MODES,
+    PALETTE_RAWMODES,
     apply_palette_state,
     is_pil_image,
     is_torch_tensor,
@@ -139,10 +140,6 @@ _TORCH_DTYPES: Final = frozenset(
 )
 _IMAGE_MODES: Final = frozenset(IMAGE_MODES)
 _MAX_SIDE: Final = 1 << 24
-_PALETTE_RAWMODES: Final = frozenset(
-    {"RGB", "RGBA", "RGBX", "RGB;L", "RGBA;L", "BGR;15", "BGR;16", "BGR;24", "L"}
-)
-
 _ENCODER: Final = msgspec.msgpack.Encoder()
 _HEADER: Final = msgspec.msgpack.Decoder(list[msgspec.Raw])
 # Errors numpy, Pillow, torch and msgspec raise on values they refuse; each becomes a WireError.
@@ -510,7 +507,7 @@ class _Reader:
         else:
             well_formed = (
                 palette_mode in modes
-                and (rawmode is None or rawmode in _PALETTE_RAWMODES)
+                and (rawmode is None or rawmode in PALETTE_RAWMODES)
                 and type(data) is bytes
                 and len(data) <= 4 * 256
             )

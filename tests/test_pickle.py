@@ -120,6 +120,21 @@ def test_tags_set_where_info_cannot_give_them_back_survive_a_pickle(make: Any, t
     assert copy.multi_modal_data["thumb"][0].getexif().get(tag) == image.getexif().get(tag)
 
 
+@pytest.mark.parametrize(
+    "unparsable",
+    [{"xmp": 123}, {"Raw profile type exif": "not\nhex\nat\nall"}],
+    ids=["xmp-int", "raw-profile"],
+)
+def test_tags_over_info_pillow_cannot_parse_unpickle(unparsable: dict[str, Any]) -> None:
+    # The restore assumed any failed parse came from info["exif"], popped it, and
+    # pickle.loads raised KeyError: a record that could be dumped but not loaded.
+    image = Image.new("P", (4, 4))
+    image.getexif()[0x0112] = 6
+    image.info.update(unparsable)
+    record = TextPrompt(prompt="x", multi_modal_data={"image": image})
+    assert pickle.loads(pickle.dumps(record)) == record
+
+
 def test_pickle_holds_no_pyrsistent_objects() -> None:
     p = TokensPrompt(prompt_token_ids=[1, 2], multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)})
     assert b"pyrsistent" not in pickle.dumps(p) and b"pvectorc" not in pickle.dumps(p)
@@ -134,3 +149,28 @@ def test_object_arrays_in_options_pickle_by_value() -> None:
     p = TextPrompt(prompt="x", additional_information={"names": np.array(["a", None], dtype=object)})
     q = pickle.loads(pickle.dumps(p))
     assert list(q.additional_information["names"]) == ["a", None]  # type: ignore[index]
+    # Compared by value, not by the pointers an object array's bytes are: equal after the
+    # round trip, and two equal constructions equal (both were unequal).
+    assert q == p
+    again = TextPrompt(prompt="x", additional_information={"names": np.array(["a", None], dtype=object)})
+    assert again == p
+    assert again != TextPrompt(
+        prompt="x", additional_information={"names": np.array(["b", None], dtype=object)}
+    )
+
+
+class _RaisingEquality:
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing me")
+
+    __hash__ = object.__hash__
+
+
+def test_an_option_whose_equality_raises_makes_records_unequal_not_an_error() -> None:
+    options = {"mode": _RaisingEquality()}
+    a, b = (
+        TextPrompt(prompt="x", mm_processor_kwargs=options),
+        TextPrompt(prompt="x", mm_processor_kwargs=options),
+    )
+    assert a == b  # the same object
+    assert a != TextPrompt(prompt="x", mm_processor_kwargs={"mode": _RaisingEquality()})

@@ -278,7 +278,7 @@ def test_palette_images_whose_python_palette_is_gone_compare_by_the_cores() -> N
         assert media_keys(back, MediaHasher("m")) == media_keys(records[0], MediaHasher("m"))
 
 
-@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("mode", ["RGB", "L", "raw-mode", "str"])
 def test_a_palette_pillow_never_makes_is_refused_by_name(mode: str) -> None:
     # Set by hand: more than 256 colours, or a palette mode no P image holds. Kept, it
     # encoded into wire bytes decode refused, or pickled into bytes pickle.loads refused.
@@ -287,9 +287,14 @@ def test_a_palette_pillow_never_makes_is_refused_by_name(mode: str) -> None:
     image.load()
     if mode == "RGB":
         image.palette = ImagePalette.ImagePalette("RGB", bytes(range(256)) * 5)
-    else:
+    elif mode == "L":
         image.palette.mode = "L"
-    with pytest.raises(PromptTypeError, match="is none Pillow makes") as caught:
+    elif mode == "raw-mode":  # never read into the core: the wire decoder refused it
+        image.palette = ImagePalette.ImagePalette("RGB", bytes(range(30)))
+        image.palette.rawmode = "BGR"
+    else:  # Pillow itself cannot read it: its TypeError escaped
+        image.palette.palette = "abc"  # type: ignore[assignment]
+    with pytest.raises(PromptTypeError, match=r"is none Pillow makes|cannot be read") as caught:
         TextPrompt(prompt="x", multi_modal_data={"image": [image]})
     assert caught.value.path == "$.multi_modal_data.image[0]"
 

@@ -24,7 +24,9 @@ from _tiny_models import VLLM_MISSING
 
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
+import io
 import logging
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -258,3 +260,30 @@ def test_a_tensor_vllm_cannot_hash_cannot_be_keyed_either() -> None:
         _vllm_key(MediaHasher("m"), "image", tensor)
     with pytest.raises(RuntimeError, match="stride"):
         MediaHasher("m").key("image", tensor)
+
+
+def test_an_rgb_gif_frame_holding_a_palette_is_keyed_as_vllms_parser_hands_it_on() -> None:
+    # Pillow reads an animated GIF's later frames as RGB with the palette still attached;
+    # vLLM's parser copies the image (exif_transpose copies even where it turns nothing)
+    # and Pillow's copy keeps a palette only for P and PA. The content key hashed the
+    # palette, a key vLLM never computes; and the record's pickle dropped it.
+    from vllm.multimodal.image import convert_image_mode, normalize_image
+
+    rng = np.random.default_rng(1)
+    frames = [Image.fromarray(rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)).quantize(16) for _ in range(3)]
+    buffer = io.BytesIO()
+    frames[0].save(buffer, "GIF", save_all=True, append_images=frames[1:])
+    buffer.seek(0)
+    gif = Image.open(buffer)
+    gif.seek(1)
+    gif.load()
+    assert gif.mode == "RGB" and gif.palette is not None
+    hasher = MediaHasher("m")
+    parsed = convert_image_mode(normalize_image(gif), "RGB")
+    assert hasher.content_key("image", gif) == _vllm_key(hasher, "image", parsed)
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": gif})
+    copy = pickle.loads(pickle.dumps(record))
+    assert copy == record
+    assert hasher.content_key("image", copy.multi_modal_data["image"][0]) == _vllm_key(
+        hasher, "image", parsed
+    )
