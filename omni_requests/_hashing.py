@@ -259,6 +259,10 @@ def _as_vllm_parses_image(image: Any) -> Any:
                     image = ImageOps.exif_transpose(image)
             elif image.mode == "RGB" and image.palette is not None:
                 image = image.copy()  # what exif_transpose returns here
+            elif image.mode == "P" and "transparency" in image.info:
+                # Pillow's convert writes the transparency into the image's own palette:
+                # convert a copy, as vLLM converts exif_transpose's, never the caller's.
+                image = image.copy()
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
         rgba = image if image.mode == "RGBA" else image.convert("RGBA")
         flat = Image.new("RGB", rgba.size, (255, 255, 255))

@@ -484,6 +484,31 @@ def test_a_masked_array_reaches_the_engine_as_the_plain_array_it_is_keyed_by() -
 # -- found by an adversarial review of the contract above --
 
 
+def _core_palette(image: Image.Image) -> tuple[str, bytes]:
+    mode = image.im.getpalettemode()
+    return mode, image.im.getpalette(mode, mode)
+
+
+def test_keying_a_palette_image_with_transparency_leaves_the_callers_image_as_it_was() -> None:
+    # A P image is kept as given (not sealed): the record's item is the caller's object.
+    # Pillow's convert("RGBA") writes the transparency into the image's own palette, so
+    # the first render made the caller's image another one (its palette RGBA, with the
+    # transparent colour's alpha 0), keyed apart from an untouched twin afterwards.
+    pixels = np.random.default_rng(0).integers(0, 255, (5, 7, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels).quantize(8)
+    image.info["transparency"] = 0
+    before = (_core_palette(image), image.tobytes(), dict(image.info))
+    hasher = MediaHasher("m")
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": image})
+    rendered_uuids(scope_to_replica(record, 1, hasher=hasher))
+    hasher.content_key("image", image)
+    assert (_core_palette(image), image.tobytes(), dict(image.info)) == before
+    twin = Image.fromarray(pixels).quantize(8)
+    for each in (image, twin):
+        each.info["transparency"] = 1
+    assert hasher.content_key("image", image) == hasher.content_key("image", twin)
+
+
 class _LyingInt(int):
     def __format__(self, spec: str) -> str:
         return "1:tenant:acme:user"
