@@ -341,6 +341,15 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
             raise InvalidPromptError(
                 path, f"the image cannot be read ({type(error).__name__}: {error}); vLLM could not parse it"
             ) from None
+        held = value.im.mode  # type: ignore[attr-defined]
+        if held != value.mode:  # type: ignore[attr-defined]
+            # An L image given a palette holds P pixels: copies (vLLM's parser copies) are
+            # P images, the image itself is not, so no key of it could be vLLM's.
+            raise PromptTypeError(
+                path,
+                f"its mode is {value.mode!r} but Pillow holds its pixels as {held!r} (a palette set "  # type: ignore[attr-defined]
+                "on an image of another mode?); convert it first",
+            )
         if value.palette is not None:  # type: ignore[attr-defined]  # P, PA, a GIF's RGB frames
             check_palette(value, path)
         return seal_image(value)

@@ -299,6 +299,17 @@ def test_a_palette_pillow_never_makes_is_refused_by_name(mode: str) -> None:
     assert caught.value.path == "$.multi_modal_data.image[0]"
 
 
+def test_an_image_whose_pixels_pillow_holds_in_another_mode_is_refused_by_name() -> None:
+    # An L image given a palette holds P pixels once loaded: vLLM's parser copies it (a P
+    # image), the image itself is L, so its keys were none vLLM computes and its wire
+    # round trip changed its key.
+    image = Image.fromarray(np.arange(12, dtype=np.uint8).reshape(3, 4), "L")
+    image.palette = ImagePalette.raw("RGB", bytes(range(48)))
+    with pytest.raises(PromptTypeError, match="Pillow holds its pixels as 'P'") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"image": [image]})
+    assert caught.value.path == "$.multi_modal_data.image[0]"
+
+
 def test_images_vllm_parses_apart_are_unequal_records() -> None:
     # The same pixels turned by an EXIF orientation, or with a transparency entry, give
     # the model other images and get other keys: equal records would share a cache entry.
