@@ -24,6 +24,7 @@ from ._hashing import MediaHasher, _exif_image_id, _parsed_as
 from ._identity import IdentityMap
 from ._keys import Scope, looks_scoped, reserved_prefix
 from ._media import (
+    MAX_DEPTH,
     FrozenDict,
     MediaKind,
     apply_palette_state,
@@ -472,10 +473,12 @@ def _check_scope(_: object, attribute: attrs.Attribute[Scope | None], value: obj
 # -- equality: media compares by content, never by numpy's elementwise == --
 
 
-def values_equal(a: Any, b: Any) -> bool:
+def values_equal(a: Any, b: Any, depth: int = 0) -> bool:
     """Deep equality that treats arrays, tensors and images as values."""
     if a is b:
         return True
+    if depth > MAX_DEPTH:  # an option's object array holding itself, say: no end to walk
+        return False
     kind = media_kind(a)
     if kind is not media_kind(b):
         return False
@@ -483,10 +486,9 @@ def values_equal(a: Any, b: Any) -> bool:
         a, b = current(a), current(b)  # a record's view: the bytes it sealed
     if kind is MediaKind.ARRAY:
         if a.dtype.hasobject or b.dtype.hasobject:  # options only: its bytes are pointers
+            # as Python values, structured fields too (an element is an np.void of pointers)
             return (
-                a.dtype == b.dtype
-                and a.shape == b.shape
-                and all(values_equal(x, y) for x, y in zip(a.flat, b.flat, strict=True))
+                a.dtype == b.dtype and a.shape == b.shape and values_equal(a.tolist(), b.tolist(), depth + 1)
             )
         return bool(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
     if kind is MediaKind.TENSOR:
@@ -510,7 +512,7 @@ def values_equal(a: Any, b: Any) -> bool:
         return (
             type(a) is type(b)
             and len(a) == len(b)
-            and all(values_equal(x, y) for x, y in zip(a, b, strict=True))
+            and all(values_equal(x, y, depth + 1) for x, y in zip(a, b, strict=True))
         )
     if kind is MediaKind.MAPPING:
         if isinstance(a, EmbeddingFields) or isinstance(b, EmbeddingFields):
@@ -518,9 +520,11 @@ def values_equal(a: Any, b: Any) -> bool:
         if isinstance(a, FrozenDict):
             # Ordered, as vLLM hashes it: the same entries in another order make another key.
             return (
-                isinstance(b, FrozenDict) and list(a) == list(b) and all(values_equal(a[k], b[k]) for k in a)
+                isinstance(b, FrozenDict)
+                and list(a) == list(b)
+                and all(values_equal(a[k], b[k], depth + 1) for k in a)
             )
-        return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(values_equal(a[k], b[k], depth + 1) for k in a)
     if isinstance(a, np.generic):  # by bytes, as the hash sees them: -0.0 is not 0.0
         return type(a) is type(b) and a.dtype == b.dtype and a.tobytes() == b.tobytes()
     if isinstance(a, float):

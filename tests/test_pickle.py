@@ -174,3 +174,17 @@ def test_an_option_whose_equality_raises_makes_records_unequal_not_an_error() ->
     )
     assert a == b  # the same object
     assert a != TextPrompt(prompt="x", mm_processor_kwargs={"mode": _RaisingEquality()})
+
+
+def test_structured_and_self_holding_object_arrays_in_options_compare_without_pointers() -> None:
+    # A structured element is an np.void of pointers; an array holding itself has no end
+    # to walk (the comparison raised RecursionError).
+    fields = np.zeros(2, dtype=[("x", "O"), ("y", "i4")])
+    fields["x"][0], fields["x"][1] = "a", "b"
+    record = TextPrompt(prompt="x", mm_processor_kwargs={"a": fields})
+    assert pickle.loads(pickle.dumps(record)) == record
+    holding = np.empty(1, object)
+    holding[0] = holding
+    itself = TextPrompt(prompt="x", mm_processor_kwargs={"a": holding})
+    assert itself == itself
+    assert itself != pickle.loads(pickle.dumps(itself))  # an unending walk is no proof of equality
