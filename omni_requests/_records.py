@@ -130,12 +130,16 @@ def _split_items(modality: str, data: Any) -> list[object]:
     return [data]
 
 
+# Text or a file's raw bytes: no image, video, audio or waveform until something loads it.
+_UNLOADED: Final = (str, bytes, bytearray, memoryview)
+
+
 def _check_no_text(where: str, modality: str, data: object, items: Sequence[object]) -> None:
     """A str or bytes is no image, video or audio: vLLM's parser reads its characters or
     bytes as items (its renderer then refuses them) or fails; a URL or path is for the
     chat path, a file's bytes for a loader (``PIL.Image.open``)."""
     for path, value in ((where, data), *((f"{where}[{i}]", item) for i, item in enumerate(items))):
-        if isinstance(value, (str, bytes, bytearray, memoryview)):
+        if isinstance(value, _UNLOADED):
             what = "a str is" if isinstance(value, str) else f"raw bytes ({type_name(value)}) are"
             raise PromptTypeError(path, f"{what} not {modality} data (vLLM refuses it); load the media first")
 
@@ -260,7 +264,7 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
                 raise PromptTypeError(
                     f"{where}[{i}]", f"a tuple of {len(item)} is not an audio item; give (waveform, rate)"
                 )
-            if isinstance(item[0], (str, bytes, bytearray, memoryview)):
+            if isinstance(item[0], _UNLOADED):
                 raise PromptTypeError(
                     f"{where}[{i}]",
                     f"a {type_name(item[0])} is not a waveform (vLLM's processor refuses it); "
