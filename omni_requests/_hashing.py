@@ -279,11 +279,13 @@ def _parse_inputs(image: Any) -> tuple[object, object]:
             orientation = image.getexif().get(EXIF_ORIENTATION)
     except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
         orientation = None
+    return (orientation if type(orientation) is int else repr(orientation), _typed_transparency(image))
+
+
+def _typed_transparency(image: Any) -> object:
+    """The transparency entry, typed where == would blur it (5.0 fails where 5 flattens)."""
     transparency = image.info.get("transparency")
-    return (
-        orientation if type(orientation) is int else repr(orientation),
-        transparency if type(transparency) in (int, bytes, type(None)) else repr(transparency),
-    )
+    return transparency if type(transparency) in (int, bytes, type(None)) else repr(transparency)
 
 
 # What Pillow's exif_transpose (in vLLM's parser) looks an orientation up in: 6.0,
@@ -329,7 +331,7 @@ def _parsed_as(image: Any) -> tuple[object, object]:
     """What vLLM's parser does with an image besides its pixels, mode and palette: the
     turn it makes, and the transparency entry (typed: 5.0 fails where 5 flattens).
     Images alike here and in those parse alike."""
-    return vllm_turn(image), _parse_inputs(image)[1]
+    return vllm_turn(image), _typed_transparency(image)  # no EXIF read beyond vllm_turn's
 
 
 def _exif_image_id(image: Any) -> bytes | None:
@@ -629,7 +631,9 @@ class MediaHasher:
     def _content_key(self, modality: str, item: object, *, record: bool = True) -> str:
         # content_key for a modality already checked; by default of a record's item (a
         # record's view read as its seal), on every render's path.
-        if modality == "image" and is_pil_image(item):
+        if modality != "image":
+            return self._cached("content", modality, item, self._pixels_digest, record=record)
+        if is_pil_image(item):
             seal = seal_of(item) if record else None
             if seal is not None:  # parsed once, from the seal, and cached by it
                 return self._cached_by_seal(modality, seal)
@@ -637,10 +641,7 @@ class MediaHasher:
             # those images are hashed as given.
             with contextlib.suppress(ValueError):
                 item = _as_vllm_parses_image(current(item) if record else item)
-            return self._cached("key", modality, item, self._digest, record=record)
-        if modality == "image":
-            return self._cached("key", modality, item, self._digest, record=record)
-        return self._cached("content", modality, item, self._pixels_digest, record=record)
+        return self._cached("key", modality, item, self._digest, record=record)
 
     def _record_fingerprint(self, modality: str, item: object) -> str:
         # fingerprint of a record's item (a view read as its seal), modality checked
