@@ -245,7 +245,7 @@ def _as_vllm_parses_image(image: Any) -> Any:
     RGB image holding a palette (a GIF's later frames): exif_transpose copies even where
     it turns nothing, and Pillow's copy keeps a palette only for P and PA.
     """
-    from PIL import Image, ImageOps  # an image exists, so Pillow is imported already
+    from PIL import ImageOps  # an image exists, so Pillow is imported already
 
     with exif_untouched(image):
         try:
@@ -263,12 +263,38 @@ def _as_vllm_parses_image(image: Any) -> Any:
                 # Pillow's convert writes the transparency into the image's own palette:
                 # convert a copy, as vLLM converts exif_transpose's, never the caller's.
                 image = image.copy()
+    return _flattened_as_vllm(image)
+
+
+def _flattened_as_vllm(image: Any) -> Any:
+    """``convert_image_mode(image, "RGB")`` of vLLM: transparency over white, then RGB."""
+    from PIL import Image  # an image exists, so Pillow is imported already
+
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
         rgba = image if image.mode == "RGBA" else image.convert("RGBA")
         flat = Image.new("RGB", rgba.size, (255, 255, 255))
         flat.paste(rgba, mask=rgba.split()[3])
         return flat
     return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def rgb_conversion_error(image: Any) -> Exception | None:
+    """What vLLM's image parser raises turning ``image`` into RGB, or None where it can.
+
+    It fails on mode "La" and on a transparency Pillow cannot apply (5.0 on an L image,
+    four values on an RGB one, a tuple on a P one), which depends on the image's mode,
+    palette and ``info``, never its pixels: so it is tried on a 1x1 crop (microseconds).
+    An image that cannot be read is not judged here (freezing it names that error).
+    """
+    try:
+        stand_in = image.crop((0, 0, 1, 1))  # mode, palette and info kept; the caller's untouched
+    except Exception:  # noqa: BLE001 - the image cannot be read: not this check's to report
+        return None
+    try:
+        _flattened_as_vllm(stand_in)
+    except Exception as error:  # noqa: BLE001 - whatever Pillow raises, vLLM's parser raises
+        return error
+    return None
 
 
 def _parse_inputs(image: Any) -> tuple[object, object]:

@@ -20,7 +20,7 @@ from pyrsistent import PMap, PVector, pvector
 from ._embedding_fields import EmbeddingFields, check_embedding_items
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._exif import pickled_tags, restore_parser_tags, same_value
-from ._hashing import MediaHasher, _exif_image_id, _parsed_as
+from ._hashing import MediaHasher, _exif_image_id, _parsed_as, rgb_conversion_error
 from ._identity import IdentityMap
 from ._keys import Scope, looks_scoped, reserved_prefix
 from ._media import (
@@ -200,6 +200,8 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
         items = data if isinstance(data, PVector) else _split_items(modality, data)
         if modality in _VISUAL_AUDIO:
             _check_no_text(where, modality, data, items)
+        if modality == "image":
+            _check_images_parse(where, items)
         if modality == "video":
             # A tuple split into items reaches the engine as a list of them, too.
             _check_video_items(where, items, given_as_items=isinstance(data, (PVector, tuple)))
@@ -248,6 +250,23 @@ def _check_video_items(where: str, items: Sequence[object], *, given_as_items: b
                 f"{where}[{i}]",
                 f"a tuple of {len(item)} is not a video item; give (frames, metadata), a 4-D array "
                 "or a list of frames",
+            )
+
+
+def _check_images_parse(where: str, items: Sequence[object]) -> None:
+    # vLLM's parser turns every image into RGB before anything else reads it; one it
+    # cannot turn fails there, after routing, whatever key the record gave it.
+    for i, item in enumerate(items):
+        if not is_pil_image(item):
+            continue
+        error = rgb_conversion_error(item)
+        if error is not None:
+            image: Any = item
+            what = "its info['transparency']" if "transparency" in image.info else "its mode"
+            raise InvalidPromptError(
+                f"{where}[{i}]",
+                f"vLLM's image parser cannot turn this {image.mode} image into RGB ({type(error).__name__}: "
+                f"{error}); fix {what}, or convert it to RGB first",
             )
 
 

@@ -541,10 +541,10 @@ def _audios(draw: st.DrawFn, max_samples: int, rates: tuple[int, ...]) -> Any:
 def media_items(modality: str, *, embeddings: bool = False) -> st.SearchStrategy[Any]:
     """One media item for ``modality`` ("image", "video" or "audio"), as vLLM accepts it.
 
-    Images are PIL images (when Pillow is installed), (height, width, channels) uint8
-    arrays, or arrays of any dtype, shape and layout from :func:`arrays`. With
-    ``embeddings`` an item may also be a 2-D float tensor of precomputed embeddings
-    (needs torch).
+    Images are PIL images (when Pillow is installed; any mode but "La", which vLLM's parser
+    cannot turn into RGB), (height, width, channels) uint8 arrays, or arrays of any dtype,
+    shape and layout from :func:`arrays`. With ``embeddings`` an item may also be a 2-D
+    float tensor of precomputed embeddings (needs torch).
     """
     where = "media_items()"
     if modality not in MODALITIES:
@@ -564,8 +564,8 @@ def _pixel_arrays(draw: st.DrawFn) -> np.ndarray[Any, Any]:
 def _media_items(modality: str, embeddings: bool) -> st.SearchStrategy[Any]:
     options: list[st.SearchStrategy[Any]] = []
     if modality == "image":
-        if _pil_available():
-            options.append(images(max_side=4))
+        if _pil_available():  # not "La": vLLM's parser cannot turn it into RGB
+            options.append(images(modes=[m for m in IMAGE_MODES if m != "La"], max_side=4))
         options.append(_pixel_arrays())
         options.append(arrays(max_dims=3, max_side=3))
     elif modality == "video":

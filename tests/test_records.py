@@ -353,12 +353,13 @@ def test_images_vllm_parses_alike_are_equal_records() -> None:
     assert hasher.content_key("image", _oriented(pixels, 6.0).multi_modal_data["image"][0]) == (
         hasher.content_key("image", six.multi_modal_data["image"][0])
     )
-    # A transparency's type is read: 5 flattens over white, 5.0 fails in vLLM's convert.
+    # A transparency's type is read (5.0 fails in vLLM's convert, and records refuse it;
+    # equality is stricter there than keys, docs/design.md).
     gray = Image.fromarray(pixels[..., 0])
-    five, five_float = gray.copy(), gray.copy()
-    five.info["transparency"], five_float.info["transparency"] = 5, 5.0
+    five, five_numpy = gray.copy(), gray.copy()
+    five.info["transparency"], five_numpy.info["transparency"] = 5, np.int64(5)
     assert TextPrompt(prompt="x", multi_modal_data={"image": five}) != TextPrompt(
-        prompt="x", multi_modal_data={"image": five_float}
+        prompt="x", multi_modal_data={"image": five_numpy}
     )
 
 
@@ -627,17 +628,30 @@ def test_an_image_file_that_cannot_be_decoded_is_refused_by_name() -> None:
         assert caught.value.path == "$.multi_modal_data.image[0]"
 
 
-def test_an_image_pillow_cannot_convert_is_refused_by_name_when_keyed() -> None:
+@pytest.mark.parametrize("mode", ["L", "P"])
+def test_an_image_pillow_cannot_convert_is_refused_by_name_when_built(mode: str) -> None:
     # vLLM's parser applies info["transparency"] through Pillow's convert, which raises
-    # TypeError on a float; the record keys the image as vLLM parses it and says where.
-    image = Image.new("L", (8, 8), 5)
+    # on a float (TypeError for L, ValueError for P); even with a user UUID (no key to
+    # derive) the engine would fail. The record refuses the image and says where.
+    image = Image.new(mode, (8, 8), 5)
     image.info["transparency"] = 5.0
-    record = TextPrompt(prompt="<image>", multi_modal_data={"image": [np.zeros((2, 2, 3), np.uint8), image]})
-    with pytest.raises(InvalidPromptError, match=r"cannot be keyed \(TypeError") as caught:
-        to_vllm(scope_to_replica(record, 0, hasher=MediaHasher("m")))  # keys are derived here
+    with pytest.raises(
+        InvalidPromptError, match=r"cannot turn this (L|P) image into RGB \((Type|Value)Error"
+    ) as caught:
+        TextPrompt(
+            prompt="<image>",
+            multi_modal_data={"image": [np.zeros((2, 2, 3), np.uint8), image]},
+            multi_modal_uuids={"image": ["a", "b"]},
+        )
     assert caught.value.path == "$.multi_modal_data.image[1]"
-    with pytest.raises(TypeError):  # the content key itself raises, as vLLM's parser does
-        MediaHasher("m").content_key("image", image)
+    assert "info['transparency']" in caught.value.message
+    assert image.info["transparency"] == 5.0 and image.mode == mode  # the caller's image untouched
+    # Under another modality it is no image vLLM parses: taken, and keyed by its pixels.
+    record = TextPrompt(prompt="x", multi_modal_data={"sketch": image})
+    assert to_vllm(scope_to_replica(record, 0, hasher=MediaHasher("m")))["multi_modal_uuids"]["sketch"][0]
+    if mode == "L":
+        with pytest.raises(TypeError):  # the content key itself raises, as vLLM's parser does
+            MediaHasher("m").content_key("image", image)
 
 
 # -- EmbeddingFields: one item of vLLM's dict form of a model's embedding fields --

@@ -131,7 +131,7 @@ def _transparency_pillow_refuses() -> Image.Image:
     ("item", "message"),
     [
         (_truncated_png, "the image cannot be read .*truncated"),
-        (_transparency_pillow_refuses, "cannot be keyed .*TypeError"),
+        (_transparency_pillow_refuses, "vLLM's image parser cannot turn this L image into RGB .*TypeError"),
     ],
     ids=["truncated file", "bad transparency"],
 )
@@ -139,8 +139,9 @@ def _transparency_pillow_refuses() -> Image.Image:
 def test_an_item_that_cannot_be_keyed_raises_by_name_before_a_replica_is_bound(
     item: Any, message: str, policy: str
 ) -> None:
-    # The image reads fine to from_vllm; only decoding or keying fails. A binding policy
-    # (vllm-omni's local pool binds in select) must never be asked for such a request.
+    # An image vLLM could not read or parse: refused by name (decoding fails, or its
+    # transparency cannot be applied). A binding policy (vllm-omni's local pool binds in
+    # select) must never be asked for such a request.
     asked: list[RouteRequest] = []
     chooser = RoundRobin() if policy == "round robin" else CacheAffinity()
     bad = {"prompt": "<image> <image>", "multi_modal_data": {"image": [image_array(1), item()]}}

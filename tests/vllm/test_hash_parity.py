@@ -39,7 +39,7 @@ from PIL import Image
 from pyrsistent import pvector
 from vllm.multimodal.hasher import MultiModalHasher
 
-from omni_requests import MediaHasher, PromptTypeError, TextPrompt, _image_road
+from omni_requests import InvalidPromptError, MediaHasher, PromptTypeError, TextPrompt, _image_road
 from omni_requests.strategies import (
     HASH_ALGORITHMS,
     IMAGE_MODES,
@@ -94,6 +94,16 @@ def _in_a_record(modality: str, item: object) -> tuple[object, object]:
     return frozen, sent
 
 
+def _vllm_cannot_parse(image: Image.Image) -> bool:
+    from vllm.multimodal.image import convert_image_mode, normalize_image
+
+    try:
+        convert_image_mode(normalize_image(image.copy()), "RGB")
+    except Exception:  # noqa: BLE001 - whatever Pillow raises in vLLM's parser
+        return True
+    return False
+
+
 def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
     try:
         expected = _vllm_key(hasher, modality, item)
@@ -130,6 +140,11 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
         # Records refuse a str or bytes as an image, video or audio item: vLLM's renderer
         # refuses it or reads its characters as items (test_records.py); its hasher keys it.
         with pytest.raises(PromptTypeError, match=r"(a str is|raw bytes .*are) not"):
+            _in_a_record(modality, item)
+        return
+    if modality == "image" and isinstance(item, Image.Image) and _vllm_cannot_parse(item):
+        # Records refuse an image vLLM's parser cannot turn into RGB ("La"; test_renderer.py).
+        with pytest.raises(InvalidPromptError, match="cannot turn"):
             _in_a_record(modality, item)
         return
     frozen, sent = _in_a_record(modality, item)

@@ -60,6 +60,7 @@ from vllm.multimodal.hasher import MultiModalHasher
 from vllm.multimodal.image import convert_image_mode, normalize_image
 
 from omni_requests import (
+    InvalidPromptError,
     MediaHasher,
     PromptTypeError,
     TextPrompt,
@@ -350,6 +351,73 @@ def test_a_one_frame_tuple_a_records_list_would_send_as_other_media_is_refused(
     with pytest.raises(PromptTypeError, match="frames of one video") as caught:
         from_vllm(plain)
     assert caught.value.path == "$.multi_modal_data.video"
+
+
+def _image(mode: str, transparency: object = None) -> Image.Image:
+    image = _pil(mode)
+    if transparency is not None:
+        image.info["transparency"] = transparency
+    return image
+
+
+# (mode, transparency): what vLLM's parser cannot turn into RGB, and near misses it can.
+_UNPARSABLE = {
+    "La": ("La", None),
+    "L-float": ("L", 5.0),
+    "L-bytes": ("L", b"\x00"),
+    "RGB-four": ("RGB", (1, 2, 3, 4)),
+    "RGB-float": ("RGB", 5.0),
+    "P-tuple": ("P", (1, 2, 3)),
+    "P-float": ("P", 5.0),
+    "I-float": ("I", 5.0),
+}
+_PARSABLE = {
+    "L-int": ("L", 3),
+    "L-triple": ("L", (1, 2, 3)),
+    "RGB-triple": ("RGB", (1, 2, 3)),
+    "P-int": ("P", 3),
+    "P-bytes": ("P", b"\x00\x10"),
+    "RGBA-float": ("RGBA", 5.0),
+}
+
+
+@pytest.mark.parametrize("case", _UNPARSABLE.values(), ids=list(_UNPARSABLE))
+def test_an_image_vllms_parser_cannot_turn_into_rgb_is_refused_when_built(
+    case: tuple[str, object], qwen2_vl: TinyModel, uncached_renderer: Any
+) -> None:
+    # vLLM fails in its parser, after routing, even on a request with a user UUID (no
+    # hash); a record refuses the image when built, naming it.
+    mode, transparency = case
+    image = _image(mode, transparency)
+    plain = {
+        "prompt": qwen2_vl.prompt(image=2),
+        "multi_modal_data": {"image": [_pil("RGB"), image]},
+        "multi_modal_uuids": {"image": ["a", "b"]},
+    }
+    with pytest.raises(Exception) as vllm_error:  # whatever Pillow raises in vLLM's parser
+        render(uncached_renderer("qwen2_vl"), plain)
+    for build in (
+        lambda: from_vllm(plain),
+        lambda: TextPrompt(prompt="x", multi_modal_data={"image": [image]}),
+    ):
+        with pytest.raises(InvalidPromptError, match=r"cannot turn this .* image into RGB") as caught:
+            build()
+        assert str(vllm_error.value) in caught.value.message  # Pillow's own reason, named
+    assert caught.value.path == "$.multi_modal_data.image[0]"
+    assert image.info.get("transparency") == transparency and image.mode == mode  # untouched
+
+
+@pytest.mark.parametrize("case", _PARSABLE.values(), ids=list(_PARSABLE))
+def test_images_vllms_parser_turns_into_rgb_are_taken_and_render_alike(
+    case: tuple[str, object], qwen2_vl: TinyModel, uncached_renderer: Any
+) -> None:
+    image = _image(*case)
+    plain = {"prompt": qwen2_vl.prompt(image=1), "multi_modal_data": {"image": image}}
+    renderer = uncached_renderer("qwen2_vl")
+    from_dict = render(renderer, plain)
+    from_record = render(renderer, to_vllm(from_vllm(plain)))
+    assert tm.mm_hashes_of(from_record) == tm.mm_hashes_of(from_dict)
+    assert from_record["prompt_token_ids"] == from_dict["prompt_token_ids"]
 
 
 @pytest.mark.parametrize("scoped", [False, True], ids=["unscoped", "scoped"])
