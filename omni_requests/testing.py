@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from pyrsistent import PVector, pvector
 
 from ._errors import type_name
-from ._exif import EXIF_IMAGE_ID, copy_with_exif, exif_untouched
+from ._exif import copy_with_exif, parser_tags
 from ._keys import looks_scoped
 from ._media import MediaKind, media_kind, tensor_bytes
 from ._records import SINGLE_KINDS, SinglePrompt, _summary, values_equal
@@ -325,11 +325,16 @@ def _snapshot(value: object) -> Any:
     if kind is MediaKind.ARRAY:
         return ("ndarray", media.dtype.str, media.shape, media.tobytes())
     if kind is MediaKind.IMAGE:
+        # Everything vLLM's parser reads: pixels, palette, EXIF orientation and ImageID,
+        # and info (transparency), each a part a changed image is reported by.
         palette = media.palette
-        with exif_untouched(media):
-            exif = media.getexif().get(EXIF_IMAGE_ID)
-        colors = None if palette is None else (bytes(palette.palette), palette.rawmode)
-        return ("image", media.mode, media.size, media.tobytes(), colors, repr(exif))
+        colors = None if palette is None else (bytes(palette.palette), palette.rawmode, palette.mode)
+        try:
+            tags: object = repr(sorted(parser_tags(media).items()))
+        except Exception:  # noqa: BLE001 - malformed EXIF, which vLLM's parser tolerates too
+            tags = "malformed"
+        parts = (media.mode, media.size, media.tobytes(), colors, tags, _snapshot(dict(media.info)))
+        return ("image", *zip(_IMAGE_PARTS, parts, strict=True))
     if kind is MediaKind.TENSOR:
         raw = tensor_bytes(media).numpy().tobytes()
         return ("tensor", str(media.dtype), tuple(media.shape), raw)
@@ -340,6 +345,9 @@ def _snapshot(value: object) -> Any:
     if value is None or isinstance(value, (str, bytes, bool, int)):
         return value
     return ("object", type_name(value), repr(value))
+
+
+_IMAGE_PARTS: Final = ("mode", "size", "pixels", "palette", "EXIF orientation and ImageID", "info")
 
 
 def _shown(snapshot: Any) -> str:
@@ -377,7 +385,11 @@ def _difference(before: Any, after: Any, path: str = "$") -> str | None:
                 found = _difference(old_item, new_item, f"{path}[{i}]")
                 if found:
                     return found
-        elif tag in ("ndarray", "image", "tensor"):
+        elif tag == "image":
+            parts = zip(before[1:], after[1:], strict=True)
+            changed = [name for (name, old_part), (_, new_part) in parts if old_part != new_part]
+            return f"{path}: the image's {' and '.join(changed)} changed"
+        elif tag in ("ndarray", "tensor"):
             return f"{path}: the {tag}'s content changed"
     return f"{path}: was {_shown(before)}, now {_shown(after)}"
 

@@ -13,6 +13,7 @@ import attrs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
 from PIL import Image
 from pyrsistent import PVector
 
@@ -55,6 +56,51 @@ def test_a_function_whose_keys_name_another_replica_than_it_returned_fails() -> 
     with pytest.raises(ScopingPropertyError) as caught:
         check_scoping(lying, to_dict=to_vllm, properties=["one_scope_prefix"], settings=REPLAY)
     assert caught.value.properties == ("one_scope_prefix",)
+
+
+def _with_malformed_exif(seed: int) -> TextPrompt:
+    image = Image.fromarray(np.random.default_rng(seed).integers(0, 256, (4, 4, 3), dtype=np.uint8))
+    image.info["exif"] = b"garbage!"  # getexif() raises SyntaxError; vLLM's parser tolerates it
+    return TextPrompt(prompt="x", multi_modal_data={"image": image})
+
+
+def test_passes_over_images_whose_exif_is_malformed() -> None:
+    templates = st.integers(0, 2**16).map(_with_malformed_exif)
+    check_scoping(_scopers.ours, prompts=templates, settings=SEARCH)
+    check_scoping(_scopers.ours_through_dicts, to_dict=to_vllm, prompts=templates, settings=SEARCH)
+
+
+def _set_transparency(image: Image.Image) -> None:
+    image.info["transparency"] = 0
+
+
+def _turn(image: Image.Image) -> None:
+    image.getexif()[0x0112] = 6  # vLLM's parser turns it
+
+
+@pytest.mark.parametrize(
+    ("change", "part"),
+    [(_set_transparency, "info"), (_turn, "EXIF orientation and ImageID")],
+    ids=["transparency", "orientation"],
+)
+def test_an_engine_that_changes_what_vllms_parser_reads_of_an_image_is_caught(
+    change: Callable[[Image.Image], None], part: str
+) -> None:
+    # Pixels alone are not the image vLLM parses: a changed transparency or orientation
+    # is other media to the model, under the key the caller's dict was given.
+    def changes_images(prompt: dict[str, Any], replica: int) -> dict[str, Any]:
+        for item in prompt["multi_modal_data"].get("image", []):
+            if isinstance(item, Image.Image):
+                change(item)
+        return _scopers.shallow_copy(prompt, replica)
+
+    images = S.text_prompts(modalities=["image"], media=True, user_uuids=False, none_items=False)
+    with pytest.raises(
+        ScopingPropertyError, match=rf"changed the template's prompt: \S+: the image's {part} changed"
+    ):
+        check_scoping(
+            changes_images, to_dict=to_vllm, prompts=images, properties=["caller_unchanged"], settings=FIND
+        )
 
 
 def test_passes_on_another_stage_and_more_replicas() -> None:
