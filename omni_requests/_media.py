@@ -234,27 +234,49 @@ def check_text(path: str, text: str) -> str:
     return text
 
 
-def is_immutable_array(array: np.ndarray[Any, Any]) -> bool:
-    """True when no public operation can change ``array``'s bytes.
+# The arrays records made, each with what it was made as (its base, dtype, shape and
+# strides). Only these are read as immutable (see is_immutable_array).
+_MadeAs: TypeAlias = "tuple[object, np.dtype[Any], tuple[int, ...], tuple[int, ...]]"
+_OWN_ARRAYS: Final[IdentityMap[_MadeAs]] = IdentityMap()
 
-    That is: it and every array it views are read-only, and under them is a ``bytes``
-    object. numpy refuses to make such an array writable again, whoever holds it. An
-    array that owns its memory may be made writable by anyone holding it or a view of it
-    (``view.base``), whatever its flags say now.
+
+def is_immutable_array(array: np.ndarray[Any, Any]) -> bool:
+    """True for an array a record made (:func:`frozen_array`), still as it was made.
+
+    Such an array is read-only over a ``bytes`` object nothing else was ever given, and
+    numpy refuses to make it writable again. No caller's array counts, however read-only
+    it looks: numpy unpickles an array (protocol 4, Python 3.11's default) writable over
+    its ``bytes``, so a view taken before its owner set it read-only still writes them,
+    and an array subclass can lie about its base. An array of ours whose shape, dtype or
+    strides someone set in place (numpy allows it on a read-only array) no longer counts
+    either: its bytes read otherwise now, so its key is computed again.
     """
-    while not array.flags.writeable:
-        base: object = array.base
-        if isinstance(base, np.ndarray):
-            array = base
-            continue
-        if isinstance(base, memoryview):
-            return base.readonly and type(base.obj) is bytes
-        return type(base) is bytes
-    return False
+    made = _OWN_ARRAYS.get(array)
+    return (
+        made is not None
+        and made[0] is array.base
+        and made[1] is array.dtype
+        and made[2] == array.shape
+        and made[3] == array.strides
+    )
+
+
+def frozen_array(data: bytes, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    """A read-only array of ``shape`` over ``data``, which only the caller holds: a record's own.
+
+    For bytes this module, the unpickler or the wire decoder made, never a caller's.
+    """
+    count = 1
+    for side in shape:
+        count *= side
+    array: np.ndarray[Any, Any] = np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+    _OWN_ARRAYS.put(array, (array.base, array.dtype, array.shape, array.strides))
+    return array
 
 
 def immutable_array(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """``array`` when :func:`is_immutable_array`, else a copy of it backed by ``bytes``.
+    """``array`` when :func:`is_immutable_array` (a record's own), else a copy of it a
+    record owns (:func:`frozen_array`).
 
     The copy is a plain C-ordered ``ndarray`` of the same dtype and shape (a subclass,
     such as a masked array, gives its data): vLLM keys a non-contiguous array like its
@@ -263,9 +285,7 @@ def immutable_array(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     if type(array) is np.ndarray and is_immutable_array(array):
         return array
     plain = np.ascontiguousarray(np.asarray(array))
-    data = bytes(plain.reshape(-1).view(np.uint8).data)
-    frozen: np.ndarray[Any, Any] = np.frombuffer(data, dtype=plain.dtype, count=plain.size)
-    return frozen.reshape(array.shape)
+    return frozen_array(bytes(plain.reshape(-1).view(np.uint8).data), plain.dtype, array.shape)
 
 
 def _exact_scalar(value: object, path: str) -> object:

@@ -31,6 +31,7 @@ from ._media import (
     check_text,
     freeze_media,
     freeze_option,
+    frozen_array,
     frozen_map,
     is_frozen_map,
     is_pil_image,
@@ -965,8 +966,8 @@ class _ArrayPickle:
 
 
 def _restore_array(dtype: np.dtype[Any], shape: tuple[int, ...], data: bytes) -> np.ndarray[Any, Any]:
-    # A view of immutable bytes: read-only all the way down, so its key can be cached.
-    return np.frombuffer(data, dtype=dtype).reshape(shape)
+    # Over bytes only the unpickler made: a record's own array, whose key can be cached.
+    return frozen_array(data, dtype, shape)
 
 
 class _ImagePickle:

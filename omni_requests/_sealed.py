@@ -18,7 +18,7 @@ keys and sends what it sealed.
 Large stores live in a sealed ``memfd`` (Linux): the kernel refuses every write to it,
 and each hand-out is a private copy-on-write mapping of it, made in microseconds whatever
 the size, sharing memory until someone writes. Elsewhere, for small items, or once the
-process nears its open-file limit, the store is a private ``bytearray`` and each hand-out
+process nears its open-file limit, the store is a private ``bytes`` object and each hand-out
 a copy of it.
 
 Only record code reads a view as its seal (``current``): anyone else
@@ -51,7 +51,7 @@ _BAND_BYTES: Final = 8 << 20
 # copy costs less than the mapping's system calls.
 _MAPPED_FROM: Final = 1 << 20
 # Open files the mapped stores may hold (one each; a hand-out's mapping holds none), as a
-# share of the process's limit; past it, stores are bytearrays.
+# share of the process's limit; past it, stores are bytes objects.
 _FD_SHARE: Final = 4
 # The Pillow modes sealed, with the raw layout a store holds: Pillow keeps RGB as four
 # bytes a pixel, so an RGB store holds RGBX rows (see _layout).
@@ -76,7 +76,7 @@ _LIBC_CALLS: Final = (
 
 def _libc() -> Any:
     """libc with the stores' calls declared, or None where one is missing (glibc before
-    2.27 has no memfd_create): then every store is a bytearray."""
+    2.27 has no memfd_create): then every store is a bytes object."""
     if sys.platform != "linux":
         return None
     try:
@@ -199,7 +199,7 @@ def _mapped_store(nbytes: int, fill: Fill) -> int | None:
     except OSError:  # a file-size limit (RLIMIT_FSIZE: EFBIG), no room for the pages, ...
         _LIBC.close(fd)
         _BUDGET.give_back()
-        return None  # the store is a bytearray instead
+        return None  # the store is a bytes object instead
     except BaseException:
         _LIBC.close(fd)
         _BUDGET.give_back()
@@ -224,15 +224,18 @@ class Seal:
         self._make = make
         fd = _mapped_store(nbytes, fill)
         self._fd = fd
-        self._bytes: bytearray | None = None
+        self._bytes: bytes | None = None
         if fd is None:
-            self._bytes = stored = bytearray(nbytes)  # private: only hand-outs' copies leave
+            stored = bytearray(nbytes)
 
             def put(view: memoryview, offset: int) -> int:
                 stored[offset : offset + len(view)] = view
                 return len(view)
 
             _fill_all(nbytes, fill, put)
+            # bytes: a bytearray reached through a hand-out's private attributes could be
+            # written; bytes only by a raw pointer or numpy's __setstate__ called on it.
+            self._bytes = bytes(stored)
         else:
             weakref.finalize(self, _close, fd)
 

@@ -64,6 +64,7 @@ from ._media import (  # the caller's modality order: a PMap iterates in its own
     PALETTE_MODES,
     PALETTE_RAWMODES,
     apply_palette_state,
+    frozen_array,
     is_pil_image,
     is_torch_tensor,
     palette_state,
@@ -480,8 +481,8 @@ class _Reader:
             text, shape, raw = args
             dtype = _read_dtype(text, path)
             _check_array_size(dtype, shape, raw, path)
-            # Read-only and backed by bytes: a record takes it without a copy.
-            return np.frombuffer(raw, dtype).reshape(shape)
+            # Over bytes only the decoder made: a record takes it without a copy.
+            return frozen_array(raw, dtype, tuple(shape))
         if code == _SCALAR and len(args) == 2 and type(args[1]) is bytes:
             dtype = _read_dtype(args[0], path)
             if len(args[1]) != dtype.itemsize:

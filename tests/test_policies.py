@@ -363,7 +363,7 @@ def test_tensor_fingerprints_cover_bfloat16_without_copying(hasher: MediaHasher)
 def test_fingerprints_of_frozen_items_are_computed_once(
     hasher: MediaHasher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    item = np.frombuffer(_image(9, side=64).tobytes(), np.uint8).reshape(64, 64, 3)
+    item = TextPrompt(prompt="x", multi_modal_data={"image": _image(9, side=64)}).multi_modal_data["image"][0]
     calls = record_calls(monkeypatch, MediaHasher, "_fingerprint", 2)
     first = hasher.fingerprint("image", item)
     assert [hasher.fingerprint("image", item) for _ in range(3)] == [first] * 3

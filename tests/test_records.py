@@ -125,12 +125,23 @@ def test_numpy_payload_is_an_immutable_copy_nobody_can_write() -> None:
     assert frames.flags.writeable, "the caller's own array must stay as it was"
 
 
-def test_arrays_backed_by_bytes_are_kept_without_a_copy() -> None:
+def test_a_records_own_arrays_are_shared_without_a_copy_and_a_callers_are_copied() -> None:
+    # Even read-only over bytes, a caller's array may have a writable twin (test_trust.py).
     frames = np.frombuffer(video(0).tobytes(), np.uint8).reshape(video(0).shape)
     p = TextPrompt(prompt="x", multi_modal_data={"video": frames})
-    assert p.multi_modal_data["video"][0] is frames
+    own = p.multi_modal_data["video"][0]
+    assert own is not frames and np.array_equal(own, frames)
     again = TextPrompt(prompt="y", multi_modal_data=p.multi_modal_data)
-    assert again.multi_modal_data["video"][0] is frames
+    assert again.multi_modal_data["video"][0] is own
+    alone = TextPrompt(prompt="z", multi_modal_data={"video": [own, own]})
+    assert all(item is own for item in alone.multi_modal_data["video"])
+    # Unpickled or decoded, a record's arrays are the new record's own: not copied again.
+    restored = pickle.loads(pickle.dumps(p)).multi_modal_data["video"][0]
+    assert (
+        TextPrompt(prompt="w", multi_modal_data={"video": restored}).multi_modal_data["video"][0] is restored
+    )
+    own.shape = (own.shape[0], -1)  # numpy allows it in place: no longer the array it made
+    assert TextPrompt(prompt="v", multi_modal_data={"image": own}).multi_modal_data["image"][0] is not own
 
 
 @pytest.mark.parametrize(

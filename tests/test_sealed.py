@@ -114,6 +114,21 @@ IMAGE_WRITES: dict[str, Callable[[Any], None]] = {
 }
 
 
+def test_a_small_store_cannot_be_written_through_a_hand_outs_private_attributes() -> None:
+    # Below 1 MiB the store lives in this process: a hand-out reaches it through its
+    # private attributes, and a bytearray there could be written from plain Python.
+    small = Image.fromarray(np.random.default_rng(4).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": small})
+    first, sent = _sent(record)
+    store = sent._sealed[0]._bytes
+    with pytest.raises(TypeError):
+        memoryview(store)[:4] = b"\xff\xff\xff\xff"
+    with pytest.raises((TypeError, AttributeError)):
+        store[:4] = b"\xff\xff\xff\xff"
+    key, again = _sent(record)
+    assert key == first == _fresh_key("image", again) and _same_pixels(again, small)
+
+
 @pytest.mark.parametrize("write", list(IMAGE_WRITES), ids=list(IMAGE_WRITES))
 def test_writes_to_what_a_record_sent_or_shows_never_reach_it(store: str, write: str) -> None:
     original = _image()
@@ -511,9 +526,9 @@ def test_a_reused_record_sends_its_item_without_letting_the_gil_go(store: str, k
     assert len({key for key, _ in sent}) == 1
 
 
-def test_under_a_file_size_limit_records_seal_into_bytearrays() -> None:
+def test_under_a_file_size_limit_records_seal_into_private_bytes() -> None:
     # A memfd counts against RLIMIT_FSIZE (ulimit -f, systemd's LimitFSIZE): writing past
-    # it fails with EFBIG, and the record takes a bytearray store instead of failing.
+    # it fails with EFBIG, and the record takes a bytes store instead of failing.
     import resource
 
     if not _sealed._SEAL_ALL:

@@ -90,6 +90,87 @@ def test_whoever_receives_the_dict_cannot_write_behind_the_key() -> None:
     assert key == _truth("video", again)
 
 
+def test_an_array_unpickled_then_frozen_with_a_writable_twin_cannot_stale_the_key() -> None:
+    # numpy unpickles an array (protocol 4, Python 3.11's default) writable over its
+    # bytes; frozen by its owner, it looks like np.frombuffer(bytes), yet a view taken
+    # before still writes those bytes. A record copies every array but its own.
+    frames = pickle.loads(pickle.dumps(video(5, side=16), protocol=4))  # over 1000 bytes: not copied
+    assert frames.flags.writeable and type(frames.base) is bytes
+    side_door = frames[:]
+    frames.flags.writeable = False
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": frames}), 0, hasher=HASHER)
+    first, _ = _sent(record)
+    side_door[:] = 255
+    key, item = _sent(record)
+    assert key == first == _truth("video", item)
+    assert item is not frames and not np.array_equal(item, frames)
+
+
+class _LyingBase(np.ndarray):  # type: ignore[type-arg]
+    base = property(lambda self: b"")  # "I view a bytes object"
+
+
+def test_an_array_whose_base_lies_about_being_bytes_cannot_stale_the_key() -> None:
+    owner = _LyingBase((4, 8, 3), np.uint8)  # owns its memory
+    owner[...] = 0
+    pen = owner.view(np.ndarray)
+    owner.flags.writeable = False
+    top = owner.view(np.ndarray)  # a plain, read-only ndarray over the liar
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"image": top}), 0, hasher=HASHER)
+    first, _ = _sent(record, "image")
+    pen[:] = 9
+    key, item = _sent(record, "image")
+    assert key == first == _truth("image", item)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda a: setattr(a, "shape", (4, 16, 3)),
+        lambda a: setattr(a, "dtype", np.int8),
+        lambda a: setattr(a, "strides", (0, 3, 1)),  # every row reads as row 0
+    ],
+    ids=["shape", "dtype", "strides"],
+)
+@pytest.mark.parametrize("holder", ["record", "engine"])
+def test_an_arrays_shape_dtype_or_strides_set_in_place_cannot_stale_the_key(change: Any, holder: str) -> None:
+    # numpy lets anyone set these on a read-only array; the array stays the same object
+    # (and id), so a cache by identity alone served the old key for other bytes.
+    pixels = np.random.default_rng(6).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"image": pixels}), 0, hasher=HASHER)
+    first, sent = _sent(record, "image")
+    change(record.multi_modal_data["image"][0] if holder == "record" else sent)
+    key, item = _sent(record, "image")
+    assert key == _truth("image", item) != first
+
+
+def test_setstate_on_a_records_array_cannot_stale_the_key() -> None:
+    # ndarray.__setstate__ (pickle's hook) gives the very array other bytes, and numpy
+    # lets it be set read-only again afterwards.
+    pixels = np.zeros((16, 32, 3), np.uint8)  # over numpy's 1000-byte threshold
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"image": pixels}), 0, hasher=HASHER)
+    first, array = _sent(record, "image")
+    array.__setstate__((1, array.shape, array.dtype, False, bytes(range(256)) * 6))
+    array.flags.writeable = False
+    key, item = _sent(record, "image")
+    assert item is array and key == _truth("image", item) != first
+
+
+def test_a_callers_array_over_a_memoryview_it_can_release_is_copied() -> None:
+    # numpy holds the memoryview, not an export of it: releasing it freed the bytes
+    # under a record that had kept the caller's array.
+    view = memoryview(np.arange(384, dtype=np.uint8).tobytes())
+    given = np.frombuffer(view, np.uint8).reshape(8, 16, 3)
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"image": given}), 0, hasher=HASHER)
+    first, item = _sent(record, "image")
+    assert item is not given
+    given.base.base.release() if isinstance(given.base, np.ndarray) else given.base.release()
+    del view
+    key, item = _sent(record, "image")
+    assert key == first == _truth("image", item)
+    assert item.reshape(-1).tolist() == list(range(256)) + list(range(128))
+
+
 # -- 2. a cache equates only what the hash equates --
 
 
