@@ -657,6 +657,11 @@ class _Prompt(_Derived):
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         return (_rebuild, (type(self), plain_fields(self)))
 
+    def __copy__(self) -> Self:
+        # Immutable, as a tuple is: its copy is itself. copy.copy would otherwise hand
+        # __reduce__'s pickle-only wrappers to the constructor (vllm-omni copies prompts).
+        return self
+
     def __attrs_post_init__(self) -> None:
         data, uuids = plain_map(self.multi_modal_data), plain_map(self.multi_modal_uuids)
         for modality, items in data.items():
@@ -861,6 +866,9 @@ class EncoderDecoderPrompt:
 
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         return (_rebuild, (type(self), plain_fields(self)))
+
+    def __copy__(self) -> Self:
+        return self  # immutable, like the single prompts (see _Prompt.__copy__)
 
 
 Prompt: TypeAlias = TextPrompt | TokensPrompt | EmbedsPrompt | EncoderDecoderPrompt

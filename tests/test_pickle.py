@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import io
 import pickle
 import uuid
@@ -22,6 +23,7 @@ from omni_requests import (
     rendered_uuids,
     scope_to_replica,
 )
+from omni_requests_vllm import to_vllm
 
 from .conftest import video
 
@@ -188,3 +190,21 @@ def test_structured_and_self_holding_object_arrays_in_options_compare_without_po
     itself = TextPrompt(prompt="x", mm_processor_kwargs={"a": holding})
     assert itself == itself
     assert itself != pickle.loads(pickle.dumps(itself))  # an unending walk is no proof of equality
+
+
+def test_copy_copy_of_a_record_is_the_record() -> None:
+    # vllm-omni copies prompts (copy.copy) before a model's prompt transform; copy.copy
+    # used to rebuild a record from __reduce__'s pickle-only wrappers and failed (media
+    # arrays, unsealed images) or carried a wrapper into the engine's dict (options).
+    cmyk = Image.new("CMYK", (4, 4))  # kept as given, not sealed
+    record = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": [np.zeros((2, 2, 3), np.uint8), cmyk]},
+        additional_information={"speaker": np.arange(3)},
+    )
+    pair = EncoderDecoderPrompt(encoder_prompt=record, decoder_prompt=record)
+    for prompt in (record, scope_to_replica(record, 1, hasher=MediaHasher("m")), pair):
+        assert copy.copy(prompt) is prompt
+        assert copy.deepcopy(prompt) == prompt
+    sent = to_vllm(copy.copy(record))
+    assert isinstance(sent["additional_information"]["speaker"], np.ndarray)
