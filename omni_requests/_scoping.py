@@ -143,12 +143,18 @@ def _scope_pair(
                 "policy", f"the encoder and decoder prompts are scoped under different policies: {kept}"
             )
         policy = kept.pop() if kept else None
-    encoder = scope_to_replica(
-        prompt.encoder_prompt, replica_id, hasher=hasher, stage_id=stage_id, policy=policy
-    )
-    decoder = prompt.decoder_prompt
-    if decoder is not None:
-        decoder = scope_to_replica(decoder, replica_id, hasher=hasher, stage_id=stage_id, policy=policy)
+    parts = []
+    named = (("$.encoder_prompt", prompt.encoder_prompt), ("$.decoder_prompt", prompt.decoder_prompt))
+    for name, part in named:
+        try:
+            parts.append(
+                None
+                if part is None
+                else scope_to_replica(part, replica_id, hasher=hasher, stage_id=stage_id, policy=policy)
+            )
+        except OmniRequestsError as error:  # named in the pair
+            raise error.under(name) from None
+    encoder, decoder = parts
     if encoder is prompt.encoder_prompt and decoder is prompt.decoder_prompt:
         return prompt
     scoped: _P = replace_fields(prompt, encoder_prompt=encoder, decoder_prompt=decoder)

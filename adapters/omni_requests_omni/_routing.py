@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, TypeAlias
 
 __all__ = ["CacheAffinity", "RoundRobin", "RouteRequest", "SelectReplica"]
@@ -42,18 +42,29 @@ class RouteRequest:
         if callable(media_keys):
             self._compute_keys = media_keys
         else:
-            self._media_keys = tuple(media_keys)
+            self._media_keys = _distinct_keys(media_keys)
 
     @property
     def media_keys(self) -> tuple[str, ...]:
         if self._media_keys is None:
             assert self._compute_keys is not None
-            self._media_keys = tuple(dict.fromkeys(self._compute_keys()))
+            self._media_keys = _distinct_keys(self._compute_keys())
         return self._media_keys
 
     def __repr__(self) -> str:
         keys = "<not computed>" if self._media_keys is None else repr(self._media_keys)
         return f"RouteRequest(request_id={self.request_id!r}, replicas={self.replicas!r}, media_keys={keys})"
+
+
+def _distinct_keys(keys: object) -> tuple[str, ...]:
+    """``keys`` in order, without repeats; a str alone is refused (it would read as its characters)."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise TypeError(f"media_keys must be a sequence of str, not {type(keys).__name__}")
+    given = tuple(keys)
+    for key in given:
+        if not isinstance(key, str):
+            raise TypeError(f"media_keys must hold str, not {type(key).__name__}")
+    return tuple(dict.fromkeys(given))
 
 
 SelectReplica: TypeAlias = Callable[[RouteRequest], "int | None"]

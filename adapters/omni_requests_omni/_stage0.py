@@ -174,6 +174,15 @@ class _Request:
         found = self._keys.get(index)
         if found is None:
             record = self.records[index]
+            if isinstance(record, EncoderDecoderPrompt):
+                # A pair is scoped under one policy, which either part may carry: a
+                # conflict, or a part the other's policy cannot bind, fails only when the
+                # pair is scoped. Scoped here first (to any replica: the checks do not
+                # depend on it), it fails before a replica is bound.
+                try:
+                    scope_to_replica(record, 0, hasher=self.hasher)
+                except OmniRequestsError as error:
+                    raise error.under(self._at(index)) from None
             parts = _parts(record) if isinstance(record, _RECORDS) else []
             found = []
             for name, part in zip(_PART_NAMES if len(parts) == 2 else ("",), parts, strict=False):

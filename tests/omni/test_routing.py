@@ -11,7 +11,14 @@ from typing import Any
 import pytest
 
 from omni_requests import MediaHasher
-from omni_requests_omni import CacheAffinity, RoundRobin, RouteRequest, Stage0Pool, scope_stage0
+from omni_requests_omni import (
+    CacheAffinity,
+    RoundRobin,
+    RouteRequest,
+    Stage0Balancer,
+    Stage0Pool,
+    scope_stage0,
+)
 
 from ._helpers import image_array
 
@@ -128,3 +135,17 @@ def test_cache_affinity_keeps_a_repeated_image_on_one_replica_through_scope_stag
             keys[seed].add((replica, out["multi_modal_uuids"]["image"][0]))
     assert all(len(seen) == 1 for seen in keys.values())  # one replica, one key per image
     assert len({replica for seen in keys.values() for replica, _ in seen}) > 1  # and images spread
+
+
+def test_media_keys_are_a_sequence_of_str_kept_once_each() -> None:
+    # A bare str used to be read as its characters: one key "cat-video" became nine.
+    for keys in ("cat-video", b"cat", 3):
+        with pytest.raises(TypeError, match="media_keys must be a sequence of str"):
+            RouteRequest("r", [0, 1], keys)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="media_keys must hold str, not int"):
+        RouteRequest("r", [0, 1], ["a", 1])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="media_keys must be a sequence of str"):
+        RouteRequest("r", [0, 1], lambda: "cat-video").media_keys  # noqa: B018 - computed on access
+    assert RouteRequest("r", [0, 1], ["b", "a", "b"]).media_keys == ("b", "a")
+    with pytest.raises(TypeError, match="media_keys must be a sequence of str"):
+        Stage0Balancer(CacheAffinity()).select({"request_id": "r", "media_keys": "cat-video"}, [0, 1])

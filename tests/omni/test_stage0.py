@@ -24,6 +24,7 @@ from PIL import Image
 from omni_requests import (
     EncoderDecoderPrompt,
     InvalidPromptError,
+    KeyPolicy,
     MediaHasher,
     PromptTypeError,
     TextPrompt,
@@ -151,6 +152,63 @@ def test_an_item_that_cannot_be_keyed_raises_by_name_before_a_replica_is_bound(
             pool=_pool(2, lambda request: asked.append(request) or chooser(request)),
             hasher=HASHER,
         )
+    assert asked == []
+
+
+def _scoped_pair(decoder_policy: KeyPolicy | None, decoder: Any) -> EncoderDecoderPrompt:
+    encoder = scope_to_replica(
+        TextPrompt(
+            prompt="<image>", multi_modal_data={"image": image_array(1)}, multi_modal_uuids={"image": "a"}
+        ),
+        0,
+        hasher=HASHER,
+        policy=KeyPolicy(tenant="acme", bind_content=decoder_policy is None),
+    )
+    if decoder_policy is not None:
+        decoder = scope_to_replica(decoder, 0, hasher=HASHER, policy=decoder_policy)
+    return EncoderDecoderPrompt(encoder_prompt=encoder, decoder_prompt=decoder)
+
+
+@pytest.mark.parametrize(
+    ("make", "path"),
+    [
+        (  # each part scoped under another tenant's policy
+            lambda: _scoped_pair(
+                KeyPolicy(tenant="other"),
+                TextPrompt(
+                    prompt="<image>",
+                    multi_modal_data={"image": image_array(2)},
+                    multi_modal_uuids={"image": "b"},
+                ),
+            ),
+            "$[1].policy",
+        ),
+        (  # the encoder's bind_content over a decoder item that is cached only
+            lambda: _scoped_pair(
+                None,
+                TextPrompt(
+                    prompt="<image>", multi_modal_data={"image": [None]}, multi_modal_uuids={"image": ["c"]}
+                ),
+            ),
+            "$[1].decoder_prompt.multi_modal_data.image[0]",
+        ),
+    ],
+    ids=["two policies", "binding a cached-only item"],
+)
+def test_an_encoder_decoder_pair_that_cannot_be_scoped_raises_before_a_replica_is_bound(
+    make: Any, path: str
+) -> None:
+    # The pair's checks ran only when it was scoped, after select had bound a replica
+    # (vllm-omni's local pool releases a binding only when process_inputs raises).
+    asked: list[RouteRequest] = []
+    with pytest.raises(InvalidPromptError) as caught:
+        scope_stage0(
+            [_image_prompt(), make()],
+            pool=_pool(2, lambda request: asked.append(request) or 1),
+            hasher=HASHER,
+            request_id="r",
+        )
+    assert caught.value.path == path
     assert asked == []
 
 
