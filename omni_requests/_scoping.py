@@ -65,9 +65,9 @@ def scope_to_replica(
     Pure: the input is never changed. The result's media keys render as
     ``stage{stage_id}:rep{replica_id}:{base}``, where the base is the item's user UUID or,
     without one, ``hasher.content_key(modality, item)``. Scoping again replaces the scope,
-    so a retry on another replica never gets a second prefix. A prompt without media, or one
-    already in this exact scope, is returned as is. ``policy`` (default: none, keys
-    render exactly as vllm-omni renders them) opts in to the protections of
+    so a retry on another replica never gets a second prefix. A prompt without media (and
+    no policy given), or one already in this exact scope, is returned as is. ``policy``
+    (default: none, keys render exactly as vllm-omni renders them) opts in to the protections of
     :class:`KeyPolicy` for user UUIDs. A record already scoped under a policy keeps it:
     ``policy=None`` reuses it, and any other policy is refused, so no later road (a
     retry, an engine's own scoping) can drop a tenant's protection.
@@ -101,8 +101,12 @@ def scope_to_replica(
     single: SinglePrompt = prompt  # type: ignore[assignment]  # its type is one of SINGLE_KINDS
     # Records hold the one empty map whenever a map is empty (frozen_map), so identity
     # answers what len() would, without a call into pyrsistent's Python code.
-    if single.multi_modal_data is _EMPTY and single.multi_modal_uuids is _EMPTY:
-        return prompt
+    if (
+        single.multi_modal_data is _EMPTY
+        and single.multi_modal_uuids is _EMPTY
+        and (policy is None or policy == _DEFAULT_POLICY)
+    ):
+        return prompt  # no key to scope; a policy given is kept, though, for media added later
     current = single.scope
     if policy is None:
         policy = _DEFAULT_POLICY if current is None else current.policy

@@ -151,6 +151,22 @@ def test_the_same_uuid_from_two_tenants_gets_two_keys(hasher: MediaHasher) -> No
     ]
 
 
+def test_a_tenant_policy_given_to_a_prompt_without_media_stays_for_media_added_later(
+    hasher: MediaHasher,
+) -> None:
+    # A template without media came back as itself, its policy dropped: media added
+    # later (replace_media) reached the engine as stage0:rep1:photo, without the tenant.
+    tenant = KeyPolicy(tenant="acme")
+    template = scope_to_replica(TextPrompt(prompt="<image> describe"), 0, hasher=hasher, policy=tenant)
+    assert template.scope is not None and template.scope.policy == tenant
+    request = template.replace_media({"image": np.zeros((4, 4, 3), np.uint8)}, {"image": "photo"})
+    assert _keys(scope_to_replica(request, 1, hasher=hasher)) == ["stage0:rep1:tenant:acme:photo"]
+    with pytest.raises(InvalidPromptError, match="keeps its policy"):
+        scope_to_replica(template, 0, hasher=hasher, policy=KeyPolicy(tenant="other"))
+    bare = TextPrompt(prompt="x")
+    assert scope_to_replica(bare, 0, hasher=hasher) is bare  # no policy: nothing to keep
+
+
 def test_all_parts_together_render_in_a_fixed_order(hasher: MediaHasher) -> None:
     item = _image(1)
     p = TextPrompt(prompt="x", multi_modal_data={"image": item}, multi_modal_uuids={"image": "u:1"})
