@@ -181,8 +181,15 @@ def _fill_all(nbytes: int, fill: Fill, put: Callable[[memoryview, int], int]) ->
         raise RuntimeError(f"a sealed store of {nbytes} bytes was given {offset}")
 
 
-def _mapped_store(nbytes: int, fill: Fill) -> int | None:
-    """A sealed memfd of ``nbytes`` that ``fill`` wrote, or None where the system has none to spare."""
+# A store's file holds a random tag after the item's bytes, checked before each use: a
+# descriptor is only a number, and code that closes descriptors it does not own (a
+# daemonizing helper, os.closerange) lets the next file opened take the store's number.
+_TAG_BYTES: Final = 16
+
+
+def _mapped_store(nbytes: int, fill: Fill, tag: bytes) -> int | None:
+    """A sealed memfd of ``nbytes`` that ``fill`` wrote, then ``tag``; or None where the
+    system has none to spare."""
     if not _SEAL_ALL or nbytes < _MAPPED_FROM or not _BUDGET.take():
         return None
     try:
@@ -191,10 +198,12 @@ def _mapped_store(nbytes: int, fill: Fill) -> int | None:
         _BUDGET.give_back()
         return None
     try:
-        _sys(_LIBC.ftruncate(fd, nbytes))
+        _sys(_LIBC.ftruncate(fd, nbytes + _TAG_BYTES))
         # Written, not mapped and filled: the kernel fills whole new pages as it copies,
         # where a mapping would have it zero each one first (half the cost, measured).
         _fill_all(nbytes, fill, lambda view, offset: os.pwrite(fd, view, offset))
+        if os.pwrite(fd, tag, nbytes) != _TAG_BYTES:
+            raise OSError("short write of a sealed store's tag")
         _sys(_LIBC.fcntl(fd, fcntl.F_ADD_SEALS, _SEAL_ALL))
     except OSError:  # a file-size limit (RLIMIT_FSIZE: EFBIG), no room for the pages, ...
         _LIBC.close(fd)
@@ -207,22 +216,32 @@ def _mapped_store(nbytes: int, fill: Fill) -> int | None:
     return fd
 
 
-def _close(fd: int) -> None:
-    _LIBC.close(fd)
+def _holds(fd: int, nbytes: int, tag: bytes) -> bool:
+    """Whether descriptor ``fd`` is still the sealed store of ``nbytes`` tagged ``tag``."""
+    if _LIBC.fcntl(fd, fcntl.F_GET_SEALS, 0) != _SEAL_ALL:  # -1 for a closed fd or another file
+        return False
+    found = ctypes.create_string_buffer(_TAG_BYTES)
+    return bool(_LIBC.pread(fd, found, _TAG_BYTES, nbytes) == _TAG_BYTES and found.raw == tag)
+
+
+def _close(fd: int, nbytes: int, tag: bytes) -> None:
+    if _holds(fd, nbytes, tag):  # never another file that took the number
+        _LIBC.close(fd)
     _BUDGET.give_back()
 
 
 class Seal:
     """One item's sealed bytes and how to hand them out as the image or tensor they were."""
 
-    __slots__ = ("__weakref__", "_bytes", "_fd", "_make", "nbytes")
+    __slots__ = ("__weakref__", "_bytes", "_fd", "_make", "_tag", "nbytes")
 
     def __init__(self, nbytes: int, fill: Fill, make: Callable[[Any, Seal], Any]) -> None:
         """``fill`` writes the item's ``nbytes``, once (see ``Fill``); ``make(buffer, seal)``
         is a new image or tensor over a writable buffer holding them."""
         self.nbytes = nbytes
         self._make = make
-        fd = _mapped_store(nbytes, fill)
+        self._tag = os.urandom(_TAG_BYTES)
+        fd = _mapped_store(nbytes, fill, self._tag)
         self._fd = fd
         self._bytes: bytes | None = None
         if fd is None:
@@ -237,13 +256,19 @@ class Seal:
             # written; bytes only by a raw pointer or numpy's __setstate__ called on it.
             self._bytes = bytes(stored)
         else:
-            weakref.finalize(self, _close, fd)
+            weakref.finalize(self, _close, fd, nbytes, self._tag)
 
     def handout(self) -> Any:
         """A new image or tensor holding the sealed bytes; its holder may change it freely."""
         fd = self._fd
-        buffer = bytearray(self._bytes) if fd is None else _private_mapping(fd, self.nbytes)  # type: ignore[arg-type]
-        return self._make(buffer, self)
+        if fd is None:
+            return self._make(bytearray(self._bytes), self)  # type: ignore[arg-type]
+        if not _holds(fd, self.nbytes, self._tag):
+            raise RuntimeError(
+                f"a record's sealed media store (file descriptor {fd}) was closed by code that does "
+                "not own it (os.closerange, a daemonizing helper?); the record cannot send its media"
+            )
+        return self._make(_private_mapping(fd, self.nbytes), self)
 
     def untouched(self, buffer: Any) -> bool:
         """True when no byte of a hand-out's ``buffer`` was written since it was made."""

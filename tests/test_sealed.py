@@ -17,6 +17,7 @@ import io
 import mmap
 import os
 import pickle
+import tempfile
 import threading
 import uuid
 from collections import Counter
@@ -112,6 +113,30 @@ IMAGE_WRITES: dict[str, Callable[[Any], None]] = {
     "info": lambda image: image.info.__setitem__("transparency", (1, 2, 3)),
     "raw memory": _raw_write,
 }
+
+
+def test_a_store_whose_descriptor_another_file_took_is_never_read() -> None:
+    # Code that closes descriptors it does not own (os.closerange, a daemonizing helper)
+    # frees the store's number for the next file opened: the record used to map that
+    # file and send its bytes under the key it had cached.
+    if not _sealed._SEAL_ALL:
+        pytest.skip("no sealed memfds on this system")
+    record = TextPrompt(prompt="<video>", multi_modal_data={"video": _tensor()})
+    _sent(record, "video")
+    seal = _sealed.seal_of(record.multi_modal_data["video"][0])
+    assert seal is not None and seal._fd is not None
+    fd = seal._fd
+    with tempfile.TemporaryFile() as other:
+        other.write(bytes(seal.nbytes + 64))
+        other.flush()
+        os.close(fd)
+        os.dup2(other.fileno(), fd)  # another file, at the store's number
+    with pytest.raises(RuntimeError, match="closed by code that does not own it"):
+        _sent(record, "video")
+    del record, seal
+    gc.collect()
+    os.fstat(fd)  # the record let go of its store without closing the other file
+    os.close(fd)
 
 
 def test_a_small_store_cannot_be_written_through_a_hand_outs_private_attributes() -> None:
