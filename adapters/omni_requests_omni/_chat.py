@@ -104,6 +104,8 @@ def _part_type(part: Mapping[str, Any], path: str) -> str:
 
 
 _UNSET: Any = object()
+# What the chat itself renders from the messages: a keyword may not replace it.
+_RENDERED_FIELDS: Final = ("prompt", "prompt_token_ids", "multi_modal_data", "multi_modal_uuids")
 
 
 @overload
@@ -144,7 +146,9 @@ def chat_to_prompt(
     Keyword options are ``LLM.chat``'s: ``chat_template``, ``chat_template_content_format``,
     ``chat_template_kwargs``, ``add_generation_prompt`` (default True),
     ``continue_final_message``, ``tools``, ``tokenization_kwargs``, ``mm_processor_kwargs``,
-    plus ``media_io_kwargs``; other keywords (``cache_salt``, ...) go to the record. What
+    plus ``media_io_kwargs``; other keywords (``cache_salt``, ...) go to the record, never
+    one the chat renders (``prompt``, ``prompt_token_ids``, ``multi_modal_data``,
+    ``multi_modal_uuids``: refused). What
     vLLM refuses is refused with an error naming the message and part
     (``$.messages[2].content[1]``), vLLM's own message included. Audio parts become the
     waveform vLLM's parser makes of them (resampled to the model's rate), which is what
@@ -178,6 +182,12 @@ def chat_to_prompt(
     >>> uuid, rate
     ('clip-7', 16000)
     """
+    rendered = [name for name in _RENDERED_FIELDS if name in fields]
+    if rendered:
+        raise InvalidPromptError(
+            f"$.{rendered[0]}",
+            "is what the chat renders from the messages; give media and per-part uuids in the messages",
+        )
     if renderer is not None:
         given = [
             name

@@ -475,3 +475,12 @@ def test_stand_in_options_with_a_renderer_and_a_non_renderer_are_refused() -> No
         chat_to_prompt(_user({"type": "text", "text": "a"}), renderer=object(), template=lambda turns: "")
     with pytest.raises(PromptTypeError, match=r"^\$\.renderer: must be a vLLM renderer"):
         chat_to_prompt(_user({"type": "text", "text": "a"}), renderer=object())
+
+
+@pytest.mark.parametrize("field", ["prompt", "prompt_token_ids", "multi_modal_data", "multi_modal_uuids"])
+@pytest.mark.parametrize("renderer", [None, object()], ids=["stand-in", "vllm"])
+def test_a_keyword_never_replaces_what_the_chat_renders(field: str, renderer: object) -> None:
+    # With a renderer, such a keyword silently replaced vLLM's rendered tokens, media or
+    # per-part UUIDs; the stand-in raised a bare TypeError.
+    with pytest.raises(InvalidPromptError, match=rf"^\$\.{field}: is what the chat renders"):
+        chat_to_prompt(_user({"type": "text", "text": "a"}), renderer=renderer, **{field: ["x"]})
