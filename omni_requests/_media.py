@@ -21,7 +21,7 @@ from ._embedding_fields import EmbeddingFields
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._identity import IdentityMap
 from ._media_bytes import freeze_media_with_bytes, is_media_with_bytes
-from ._sealed import current, seal_image, seal_of, seal_tensor
+from ._sealed import current, given_back_tensor, seal_image, seal_of, seal_tensor
 
 __all__ = ["FrozenDict"]
 
@@ -352,6 +352,9 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
             raise PromptTypeError(path, f"arrays of dtype {array.dtype} hold no bytes to key")
         return immutable_array(array)
     if kind is MediaKind.TENSOR:
+        given_back = given_back_tensor(value)  # an untouched hand-out: its seal, no copy
+        if given_back is not None:
+            return given_back
         check_hashable_tensor(value, path)
         return seal_tensor(value)
     if kind is MediaKind.IMAGE:

@@ -560,12 +560,13 @@ def seal_image(image: Any) -> Any:
 
     from ._hashing import _exif_image_id, _parse_inputs  # here: _hashing imports this module
 
+    if _SEALED_IMAGE and isinstance(image, _SEALED_IMAGE[0]) and image.pristine():
+        # Pristine: the seal's info and EXIF tags, which a new view of it reads the same.
+        # Taken even where records keep items unsealed: it costs no copy, and its key is cached.
+        return _register(image._sealed[0])
     mode = image.mode
     if mode not in _IMAGE_LAYOUTS or image.palette is not None or 0 in image.size or not _SEALING.get():
         return _as_given(image)
-    if _SEALED_IMAGE and isinstance(image, _SEALED_IMAGE[0]) and image.pristine():
-        # Pristine: the seal's info and EXIF tags, which a new view of it reads the same.
-        return _register(image._sealed[0])
     try:
         info = copy.deepcopy(dict(image.info))
     except Exception:  # noqa: BLE001 - an info entry that cannot be copied: keep the image as given
@@ -614,12 +615,54 @@ def _tensor_maker(dtype: Any, shape: tuple[int, ...]) -> Callable[[Any, Seal | N
     except TypeError:  # bfloat16 and the like
         as_numpy = None
 
-    def make(buffer: Any, _: Seal | None) -> Any:
+    def make(buffer: Any, seal: Seal | None) -> Any:
         if as_numpy is None:
-            return torch.frombuffer(buffer, dtype=dtype).reshape(shape)
-        return torch.from_numpy(np.frombuffer(buffer, dtype=as_numpy).reshape(shape))
+            tensor = torch.frombuffer(buffer, dtype=dtype).reshape(shape)
+        else:
+            tensor = torch.from_numpy(np.frombuffer(buffer, dtype=as_numpy).reshape(shape))
+        if seal is not None:
+            _TENSOR_HANDOUTS.put(tensor, (seal, buffer, _tensor_layout(tensor)))
+        return tensor
 
     return make
+
+
+# Hand-outs of sealed tensors, each with its seal, its buffer and its layout as made.
+# Given to a record again (or read into one for a dict), an untouched hand-out takes its
+# seal, as an image's does: no copy, and the key already computed.
+_TENSOR_HANDOUTS: Final[IdentityMap[tuple[Seal, Any, tuple[Any, ...]]]] = IdentityMap()
+
+
+def _tensor_layout(tensor: Any) -> tuple[Any, ...]:
+    """What, besides its bytes, makes a tensor read as it does; in-place ops change it
+    (``set_``, ``resize_``, ``transpose_``, ``as_strided_``, conjugate and negative bits)."""
+    return (
+        type(tensor),
+        tensor.data_ptr(),
+        tuple(tensor.shape),
+        tensor.stride(),
+        tensor.storage_offset(),
+        tensor.dtype,
+        tensor.is_conj(),
+        tensor.is_neg(),
+        tensor.requires_grad,
+    )
+
+
+def given_back_tensor(tensor: Any) -> Any:
+    """A record's view of the seal ``tensor`` is an untouched hand-out of, or None.
+
+    Taken even where records keep items unsealed (it costs no copy, and its key is
+    cached), and before any check of the tensor: those ran when it was sealed, and
+    torch's own calls may let go of the GIL.
+    """
+    entry = _TENSOR_HANDOUTS.get(tensor)
+    if entry is None:
+        return None
+    seal, buffer, layout = entry
+    if _tensor_layout(tensor) != layout or not seal.untouched(buffer):
+        return None
+    return _register(seal)
 
 
 def seal_tensor(tensor: Any) -> Any:

@@ -11,22 +11,30 @@ lines at that call site: take a new prompt back and pass it on,
 without editing vllm-omni: it replaces that helper on the engine (the instance, not the
 class) by :func:`scope_stage0`, at the same point of the request path (after vllm-omni's
 own prompt transform), and hands the scoped prompt to ``process_inputs`` for the same
-request id. Records are accepted too, and become engine dicts when scoped (so each item
-is hashed once for routing and conversion together), or at ``process_inputs`` when
-nothing is scoped.
+request id. Records are accepted too (below).
 
 It also gives the engine a copy of the caller's prompt to work on: vllm-omni writes a
 ``global_request_id`` into the prompt's ``additional_information`` before scoping, which
-would otherwise reach the caller's dict as well.
+would otherwise reach the caller's dict as well. A record enters as its engine dict
+(``to_vllm``): vllm-omni reads the prompt as a dict all along the way (that id, a
+model's prompt transform, the omni-only fields it restores after ``process_inputs``,
+CFG companions, what later stages get), and a record there lost them. Its images and
+tensors are hand-outs of its seals, which scoping reads back without a copy or a hash.
+
+CFG companions (``_build_cfg_companions``: the same request again, without text or
+image, for classifier-free guidance) go to their parent's replica: their media keys
+are scoped to it too. vllm-omni sends them unscoped, under keys the replica-scoped
+parents never use.
 
 This module imports neither vllm-omni nor vLLM; it knows the engine's attributes.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from omni_requests import (
     EmbedsPrompt,
@@ -35,9 +43,10 @@ from omni_requests import (
     PromptTypeError,
     TextPrompt,
     TokensPrompt,
+    scope_to_replica,
 )
-from omni_requests._adapter_api import check_index, type_name
-from omni_requests_vllm import to_vllm
+from omni_requests._adapter_api import check_index, type_name, unsealed
+from omni_requests_vllm import from_vllm, to_vllm
 
 from ._routing import RouteRequest, SelectReplica, live_replica_id
 from ._stage0 import Stage0Pool, scope_stage0
@@ -46,8 +55,17 @@ __all__ = ["LoadBalancer", "Stage0Balancer", "Stage0Scoping", "install_stage0_sc
 
 _HELPER = "_scope_stage0_multimodal_cache_to_replica"
 _BUILD = "_build_add_request_message"
+_COMPANIONS = "_build_cfg_companions"
+# Parents' replicas kept for their CFG companions: they are built right after the parent
+# (same call); the bound only stops an engine that never builds them from growing this.
+_PARENTS_KEPT: Final = 4096
+# While a request's CFG companions are built: (parent request id, its stage-0 replica).
+_BUILDING_COMPANIONS: Final[contextvars.ContextVar[tuple[str, int] | None]] = contextvars.ContextVar(
+    "omni_requests building companions", default=None
+)
 _RECORDS = (TextPrompt, TokensPrompt, EmbedsPrompt, EncoderDecoderPrompt)
 _MISSING = object()
+_SKIP = object()
 
 
 class LoadBalancer(Protocol):
@@ -108,7 +126,10 @@ class Stage0Balancer:
 
 
 def _engine_copy(prompt: Any) -> Any:
-    """The caller's dicts and lists copied at every level (media items shared, not copied)."""
+    """The caller's dicts and lists copied at every level (media items shared, not copied),
+    records as their engine dicts."""
+    if isinstance(prompt, _RECORDS):
+        return to_vllm(prompt)
     if isinstance(prompt, dict):
         return {key: _engine_copy(value) for key, value in prompt.items()}
     if isinstance(prompt, list):
@@ -133,16 +154,19 @@ class Stage0Scoping:
         self.hasher = hasher
         self.balancer = balancer
         self._scoped: dict[str, Any] = {}  # request id -> scoped prompt, between the two calls
+        self._parents: dict[str, int] = {}  # request id -> its replica, for its CFG companions
         self._lock = threading.Lock()
         self._processor = engine.input_processor
         self._process_inputs = self._processor.process_inputs
         self._build = getattr(engine, _BUILD)
-        self._before: tuple[object, object, object] = (_MISSING, _MISSING, _MISSING)
+        self._build_companions = getattr(engine, _COMPANIONS, None)
+        self._before: tuple[object, object, object, object] = (_MISSING, _MISSING, _MISSING, _MISSING)
 
     # -- the three places of the request path --
 
     def build_add_request_message(self, *args: Any, **kwargs: Any) -> Any:
-        """The engine's own message builder, given a copy of the caller's prompt."""
+        """The engine's own message builder, given a copy of the caller's prompt (a record's
+        engine dict)."""
         if "prompt" in kwargs:
             kwargs["prompt"] = _engine_copy(kwargs["prompt"])
         elif len(args) > 1:
@@ -166,17 +190,50 @@ class Stage0Scoping:
         )
         with self._lock:
             self._scoped[request_id] = scoped
+            if replica is not None and self._build_companions is not None:
+                self._parents[request_id] = replica
+                if len(self._parents) > _PARENTS_KEPT:
+                    del self._parents[next(iter(self._parents))]
         return replica
 
-    def process_inputs(self, *args: Any, **kwargs: Any) -> Any:
-        """The engine's ``process_inputs``, given the scoped prompt of the same request."""
+    def build_cfg_companions(self, parent_id: str, *args: Any, **kwargs: Any) -> Any:
+        """The engine's own companion builder, with the parent's replica known to ``process_inputs``."""
         with self._lock:
-            scoped = self._scoped.pop(kwargs.get("request_id"), _MISSING)  # type: ignore[arg-type]
+            replica = self._parents.pop(parent_id, None)
+        token = _BUILDING_COMPANIONS.set(None if replica is None else (parent_id, replica))
+        try:
+            return self._build_companions(parent_id, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            _BUILDING_COMPANIONS.reset(token)
+
+    def process_inputs(self, *args: Any, **kwargs: Any) -> Any:
+        """The engine's ``process_inputs``, given the scoped prompt of the same request (a
+        CFG companion's scoped to its parent's replica)."""
+        request_id = kwargs.get("request_id")
+        with self._lock:
+            scoped = self._scoped.pop(request_id, _MISSING)  # type: ignore[arg-type]
         if scoped is not _MISSING:
             kwargs["prompt"] = scoped
+        elif "prompt" in kwargs:
+            parent = _BUILDING_COMPANIONS.get()
+            if parent is not None and isinstance(request_id, str) and request_id.startswith(parent[0]):
+                kwargs["prompt"] = self._companion(kwargs["prompt"], parent[1])
         if "prompt" in kwargs:
             kwargs["prompt"] = _to_engine(kwargs["prompt"])
         return self._process_inputs(*args, **kwargs)
+
+    def _companion(self, prompt: Any, replica: int) -> Any:
+        """A companion's prompt scoped to its parent's replica (prompts without media as they are)."""
+        if isinstance(prompt, list):
+            return [self._companion(item, replica) for item in prompt]
+        if isinstance(prompt, Mapping):
+            if not prompt.get("multi_modal_data"):
+                return prompt
+            with unsealed():  # its items are the parent's (hand-outs read back without a copy)
+                prompt = from_vllm(prompt)
+        if isinstance(prompt, _RECORDS):
+            return to_vllm(scope_to_replica(prompt, replica, hasher=self.hasher))
+        return prompt
 
     # -- choosing a replica --
 
@@ -208,10 +265,13 @@ class Stage0Scoping:
             self.engine.__dict__.get(_BUILD, _MISSING),
             self.engine.__dict__.get(_HELPER, _MISSING),
             self._processor.__dict__.get("process_inputs", _MISSING),
+            self.engine.__dict__.get(_COMPANIONS, _MISSING),
         )
         setattr(self.engine, _BUILD, self.build_add_request_message)
         setattr(self.engine, _HELPER, self.scope)
         self._processor.process_inputs = self.process_inputs
+        if self._build_companions is not None:
+            setattr(self.engine, _COMPANIONS, self.build_cfg_companions)
         pool = self.engine.stage_pools[0]
         if self.balancer is not None:
             if isinstance(self.balancer, Stage0Balancer) and self.balancer.replica_id is None:
@@ -221,12 +281,15 @@ class Stage0Scoping:
 
     def uninstall(self) -> None:
         """Give the engine back the helper, message builder and ``process_inputs`` it had."""
-        build, helper, process_inputs = self._before
+        build, helper, process_inputs, companions = self._before
         for owner, name, before in (
             (self.engine, _BUILD, build),
             (self.engine, _HELPER, helper),
             (self._processor, "process_inputs", process_inputs),
+            (self.engine, _COMPANIONS, companions if self._build_companions is not None else _SKIP),
         ):
+            if before is _SKIP:
+                continue
             if before is _MISSING:
                 owner.__dict__.pop(name, None)
             else:

@@ -1,0 +1,123 @@
+"""The installed scoping on vllm-omni 0.30's own request path (its source: ``_omni_source.py``).
+
+vllm-omni reads a prompt as a dict from its message builder on: it writes the request's
+``global_request_id`` into it, restores the omni-only fields from it after
+``process_inputs``, expands it into CFG companions and keeps it for later stages. A
+record used to go down that path as a record and lost all of it; CFG companions went to
+the parent's replica under unscoped keys.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from omni_requests import MediaHasher, TextPrompt
+from omni_requests_omni import install_stage0_scoping
+from omni_requests_vllm import from_vllm, to_vllm
+
+from ..conftest import CountingHasher as Counting
+from . import _omni_source
+
+ROOT = _omni_source.wheel()
+pytestmark = pytest.mark.skipif(ROOT is None, reason="vllm-omni is not installed")
+MODEL = "/models/tiny-omni"
+
+
+def _pixels(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+
+
+def _engine(**kwargs: Any) -> Any:
+    assert ROOT is not None
+    return _omni_source.engine_type(ROOT)(**kwargs)
+
+
+@pytest.mark.parametrize("shape", ["dict", "record"])
+def test_a_records_omni_fields_reach_the_engine_request_as_a_dicts_do(shape: str) -> None:
+    engine = _engine()
+    installed = install_stage0_scoping(engine)
+    plain = {
+        "prompt": "<image>",
+        "multi_modal_data": {"image": _pixels(1)},
+        "additional_information": {"speaker": ["vivian"]},
+    }
+    prompt: Any = plain if shape == "dict" else from_vllm(plain)
+    try:
+        message = engine._build_add_request_message("req-1", prompt)
+    finally:
+        installed.uninstall()
+    ((request_id, sent),) = engine.input_processor.calls
+    replica = engine.stage_pools[0].bound["req-1"]
+    assert request_id == "req-1"
+    assert sent["additional_information"] == {"speaker": ["vivian"], "global_request_id": ["req-1"]}
+    assert sent["multi_modal_uuids"] == {
+        "image": [f"stage0:rep{replica}:{MediaHasher(MODEL).key('image', _pixels(1))}"]
+    }
+    # What vllm-omni restores the omni-only fields from, and keeps for later stages: dicts.
+    (raw,) = engine.upgraded
+    assert isinstance(raw, dict) and raw["additional_information"]["speaker"] == ["vivian"]
+    assert isinstance(message.original_prompt, dict) and message.output_prompt_text == "<image>"
+    # The caller's prompt is as it was.
+    given = plain if shape == "dict" else to_vllm(prompt)
+    assert given["additional_information"] == {"speaker": ["vivian"]} and "multi_modal_uuids" not in given
+
+
+def test_a_reused_record_is_hashed_once_down_vllm_omnis_own_path() -> None:
+    # The record enters as its engine dict; its images and tensors there are hand-outs
+    # of its seals, which scoping reads back without a copy or a hash.
+    torch = pytest.importorskip("torch")
+    engine = _engine()
+    installed = install_stage0_scoping(engine, hasher=Counting(MODEL))
+    rng = np.random.default_rng(2)
+    media = {
+        "image": [Image.fromarray(_pixels(3)), _pixels(4)],
+        "video": [torch.from_numpy(rng.integers(0, 256, (2, 8, 8, 3), dtype=np.uint8))],
+    }
+    record = TextPrompt(prompt="<image><image><video>", multi_modal_data=media)
+    try:
+        for n in range(3):
+            Counting.computed = Counter()
+            engine._build_add_request_message(f"req-{n}", record)
+            assert sum(Counting.computed.values()) == (3 if n == 0 else 0)
+    finally:
+        installed.uninstall()
+    keys = [prompt["multi_modal_uuids"] for _, prompt in engine.input_processor.calls]
+    bases = [{m: [k.split(":", 2)[2] for k in ks] for m, ks in found.items()} for found in keys]
+    assert bases[0] == bases[1] == bases[2]
+
+
+@pytest.mark.parametrize("shape", ["dict", "record"])
+def test_cfg_companions_are_scoped_to_their_parents_replica(shape: str) -> None:
+    # Bagel's img2img guidance: a companion with the image and a negative prompt, one
+    # with neither. vllm-omni admits companions on the parent's replica.
+    assert ROOT is not None
+    bagel = _omni_source.module(ROOT, "model_executor/stage_input_processors/bagel.py", "_bagel_cfg")
+    engine = _engine(prompt_expand_func=bagel.expand_cfg_prompts)
+    installed = install_stage0_scoping(engine)
+    plain = {
+        "prompt": "<|fim_middle|>make it blue",
+        "modalities": ["img2img"],
+        "multi_modal_data": {"image": _pixels(5)},
+    }
+    prompt: Any = plain if shape == "dict" else from_vllm(plain)
+    try:
+        engine._build_add_request_message(
+            "req-0", {"prompt": "warm-up"}
+        )  # round robin: the next is replica 1
+        message = engine._build_add_request_message("req-1", prompt)
+        companions = engine._build_cfg_companions("req-1", message.original_prompt, object(), [object()])
+    finally:
+        installed.uninstall()
+    assert len(companions) == 2 and all(c.companion_id.startswith("req-1__") for c in companions)
+    replica = engine.stage_pools[0].bound["req-1"]
+    calls = dict(engine.input_processor.calls)
+    parent_key = calls["req-1"]["multi_modal_uuids"]["image"]
+    assert parent_key == [f"stage0:rep{replica}:{MediaHasher(MODEL).key('image', _pixels(5))}"]
+    with_image, without = (calls[c.companion_id] for c in companions)
+    assert with_image["multi_modal_uuids"] == {"image": parent_key}  # the parent's replica and key
+    assert "multi_modal_data" not in without and not without.get("multi_modal_uuids")
