@@ -33,6 +33,7 @@ from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
 from ._image_road import pixels
 from ._media import (
+    IMAGE_MODES,
     MediaKind,
     check_text,
     immutable_token,
@@ -278,14 +279,22 @@ def _flattened_as_vllm(image: Any) -> Any:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+# The modes records take that vLLM's parser turns into RGB, without a transparency.
+_CONVERTIBLE_MODES: Final = frozenset(IMAGE_MODES) - {"La"}
+
+
 def rgb_conversion_error(image: Any) -> Exception | None:
     """What vLLM's image parser raises turning ``image`` into RGB, or None where it can.
 
     It fails on mode "La" and on a transparency Pillow cannot apply (5.0 on an L image,
     four values on an RGB one, a tuple on a P one), which depends on the image's mode,
-    palette and ``info``, never its pixels: so it is tried on a 1x1 crop (microseconds).
-    An image that cannot be read is not judged here (freezing it names that error).
+    palette and ``info``, never its pixels: so it is tried on a 1x1 crop (microseconds),
+    and only for such images. Every other mode records take converts (tested); and Pillow
+    lets go of the GIL to crop, which beside a thread busy in Python can cost a switch
+    interval. An image that cannot be read is not judged here (freezing it names that error).
     """
+    if "transparency" not in image.info and image.mode in _CONVERTIBLE_MODES:
+        return None
     try:
         stand_in = image.crop((0, 0, 1, 1))  # mode, palette and info kept; the caller's untouched
     except Exception:  # noqa: BLE001 - the image cannot be read: not this check's to report
