@@ -258,8 +258,8 @@ def _check_images_parse(where: str, items: Sequence[object]) -> None:
     # vLLM's parser turns every image into RGB before anything else reads it; one it
     # cannot turn fails there, after routing, whatever key the record gave it.
     for i, item in enumerate(items):
-        if not is_pil_image(item) or (is_sealed_image(item) and item.pristine()):  # type: ignore[attr-defined]
-            continue  # a record's untouched hand-out was checked when it was sealed
+        if not is_pil_image(item):
+            continue
         error = rgb_conversion_error(item)
         if error is not None:
             image: Any = item

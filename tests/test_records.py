@@ -665,6 +665,21 @@ def test_an_image_pillow_cannot_convert_is_refused_by_name_when_built(mode: str)
             MediaHasher("m").content_key("image", image)
 
 
+def test_a_video_frames_hand_out_vllm_cannot_parse_as_an_image_is_refused_under_image() -> None:
+    # Video frames are no image vLLM's parser turns into RGB, so a record takes them;
+    # one's hand-out given back under "image" must still be refused.
+    bad = Image.new("L", (8, 8), 7)
+    bad.info["transparency"] = 5.0
+    video = TextPrompt(prompt="<video>", multi_modal_data={"video": [[bad, bad.copy()]]})
+    frame = to_vllm(video)["multi_modal_data"]["video"][0][0]
+    for build in (
+        lambda: TextPrompt(prompt="<image>", multi_modal_data={"image": frame}),
+        lambda: from_vllm({"prompt": "<image>", "multi_modal_data": {"image": [frame]}}),
+    ):
+        with pytest.raises(InvalidPromptError, match="cannot turn this L image into RGB"):
+            build()
+
+
 # -- EmbeddingFields: one item of vLLM's dict form of a model's embedding fields --
 
 

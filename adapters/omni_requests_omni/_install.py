@@ -32,9 +32,10 @@ This module imports neither vllm-omni nor vLLM; it knows the engine's attributes
 from __future__ import annotations
 
 import contextvars
+import copy
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 from omni_requests import (
     EmbedsPrompt,
@@ -125,15 +126,55 @@ class Stage0Balancer:
         return f"Stage0Balancer({self.policy!r})"
 
 
-def _engine_copy(prompt: Any) -> Any:
+class _Made(NamedTuple):
+    """A scoped record's engine dict, as the message builder made it: its UUIDs then."""
+
+    uuids: object  # the dict's multi_modal_uuids, by identity (a shallow copy shares it)
+    snapshot: object  # what they held
+    record: Any
+
+
+def _engine_copy(prompt: Any, made: list[_Made]) -> Any:
     """The caller's dicts and lists copied at every level (media items shared, not copied),
-    records as their engine dicts."""
-    if isinstance(prompt, _RECORDS):
-        return to_vllm(prompt)
+    single records as their engine dicts (a scoped one noted in ``made``). An
+    encoder-decoder record stays a record: vllm-omni adds fields at its top level that an
+    encoder-decoder dict has no place for."""
+    if isinstance(prompt, EncoderDecoderPrompt):
+        return prompt
+    if isinstance(prompt, (TextPrompt, TokensPrompt, EmbedsPrompt)):
+        engine = to_vllm(prompt)
+        uuids = engine.get("multi_modal_uuids")
+        if prompt.scope is not None and uuids is not None:
+            made.append(_Made(uuids, copy.deepcopy(uuids), prompt))
+        return engine
     if isinstance(prompt, dict):
-        return {key: _engine_copy(value) for key, value in prompt.items()}
+        return {key: _engine_copy(value, made) for key, value in prompt.items()}
     if isinstance(prompt, list):
-        return [_engine_copy(value) for value in prompt]
+        return [_engine_copy(value, made) for value in prompt]
+    return prompt
+
+
+def _as_scoped_records(prompt: Any, made: list[_Made], hasher: MediaHasher) -> Any:
+    """``prompt`` with each scoped record's engine dict, its UUIDs as made, read back as
+    that record: its user UUIDs (the dict's are rendered, and ``from_vllm`` refuses those)
+    under its policy. The dict's other fields are taken as vllm-omni left them (its
+    ``global_request_id``, a prompt transform's changes); its items, untouched hand-outs,
+    come back without a copy or a hash."""
+    if isinstance(prompt, list):
+        return [_as_scoped_records(item, made, hasher) for item in prompt]
+    if not isinstance(prompt, Mapping):
+        return prompt
+    uuids = prompt.get("multi_modal_uuids")
+    for given, snapshot, record in made:
+        if uuids is given and uuids == snapshot:
+            plain = {name: value for name, value in prompt.items() if name != "multi_modal_uuids"}
+            bases = {modality: list(found) for modality, found in record.multi_modal_uuids.items()}
+            if bases:
+                plain["multi_modal_uuids"] = bases
+            with unsealed():
+                rebuilt = from_vllm(plain)
+            scope = record.scope
+            return scope_to_replica(rebuilt, scope.replica_id, hasher=hasher, policy=scope.policy)
     return prompt
 
 
@@ -155,6 +196,7 @@ class Stage0Scoping:
         self.balancer = balancer
         self._scoped: dict[str, Any] = {}  # request id -> scoped prompt, between the two calls
         self._parents: dict[str, int] = {}  # request id -> its replica, for its CFG companions
+        self._made: dict[Any, list[_Made]] = {}  # request id -> its scoped records' engine dicts
         self._lock = threading.Lock()
         self._processor = engine.input_processor
         self._process_inputs = self._processor.process_inputs
@@ -167,11 +209,21 @@ class Stage0Scoping:
     def build_add_request_message(self, *args: Any, **kwargs: Any) -> Any:
         """The engine's own message builder, given a copy of the caller's prompt (a record's
         engine dict)."""
+        made: list[_Made] = []
         if "prompt" in kwargs:
-            kwargs["prompt"] = _engine_copy(kwargs["prompt"])
+            kwargs["prompt"] = _engine_copy(kwargs["prompt"], made)
         elif len(args) > 1:
-            args = (args[0], _engine_copy(args[1]), *args[2:])
-        return self._build(*args, **kwargs)
+            args = (args[0], _engine_copy(args[1], made), *args[2:])
+        request_id = kwargs.get("request_id", args[0] if args else None)
+        if not made:
+            return self._build(*args, **kwargs)
+        with self._lock:
+            self._made[request_id] = made
+        try:
+            return self._build(*args, **kwargs)
+        finally:
+            with self._lock:
+                self._made.pop(request_id, None)
 
     def scope(self, request_id: str, prompt: Any) -> int | None:
         """In place of the engine's helper: choose and bind a replica, scope purely, keep the result."""
@@ -184,6 +236,10 @@ class Stage0Scoping:
             is_diffusion=pool.stage_type == "diffusion",
             select=lambda route: self._select(pool, route),
         )
+        with self._lock:
+            made = self._made.get(request_id)
+        if made:
+            prompt = _as_scoped_records(prompt, made, self.hasher)
         # as_dicts: the dicts are rendered with the keys routing computed, in this one call.
         replica, scoped = scope_stage0(
             prompt, pool=stage0, hasher=self.hasher, request_id=request_id, as_dicts=True

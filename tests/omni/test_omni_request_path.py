@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omni_requests import MediaHasher, TextPrompt
+from omni_requests import EncoderDecoderPrompt, KeyPolicy, MediaHasher, TextPrompt, scope_to_replica
 from omni_requests_omni import install_stage0_scoping
 from omni_requests_vllm import from_vllm, to_vllm
 
@@ -121,3 +121,51 @@ def test_cfg_companions_are_scoped_to_their_parents_replica(shape: str) -> None:
     with_image, without = (calls[c.companion_id] for c in companions)
     assert with_image["multi_modal_uuids"] == {"image": parent_key}  # the parent's replica and key
     assert "multi_modal_data" not in without and not without.get("multi_modal_uuids")
+
+
+def _photo(scope: str) -> Any:
+    record = TextPrompt(
+        prompt="<image>", multi_modal_data={"image": _pixels(6)}, multi_modal_uuids={"image": "photo"}
+    )
+    if scope == "tenant":
+        return scope_to_replica(record, 1, hasher=MediaHasher(MODEL), policy=KeyPolicy(tenant="acme"))
+    if scope == "bound":
+        return scope_to_replica(record, 1, hasher=MediaHasher(MODEL), policy=KeyPolicy(bind_content=True))
+    return scope_to_replica(record, 1, hasher=MediaHasher(MODEL))  # a retry of a scoped record
+
+
+def _sent_alone(prompt: Any) -> tuple[Any, int]:
+    """What process_inputs got for ``prompt`` sent once as "req-1", and its replica."""
+    engine = _engine()
+    installed = install_stage0_scoping(engine)
+    try:
+        engine._build_add_request_message("req-1", prompt)
+    finally:
+        installed.uninstall()
+    ((_, sent),) = engine.input_processor.calls
+    return sent, engine.stage_pools[0].bound["req-1"]
+
+
+@pytest.mark.parametrize("scope", ["retry", "tenant", "bound"])
+def test_a_scoped_record_keeps_its_policy_down_vllm_omnis_path(scope: str) -> None:
+    # Its engine dict carries rendered keys, which from_vllm refuses: the scoping reads
+    # that dict back as the record, with its user UUIDs and its policy.
+    record = _photo(scope)
+    sent, replica = _sent_alone(record)
+    want = to_vllm(scope_to_replica(record, replica, hasher=MediaHasher(MODEL)))["multi_modal_uuids"]
+    assert sent["multi_modal_uuids"] == want
+    if scope == "tenant":
+        assert want == {"image": [f"stage0:rep{replica}:tenant:acme:photo"]}
+    assert sent["additional_information"] == {"global_request_id": ["req-1"]}
+
+
+def test_an_encoder_decoder_record_goes_down_vllm_omnis_path_as_a_record() -> None:
+    # vllm-omni writes additional_information at a dict's top level, where an
+    # encoder-decoder dict has no place for it: the pair is scoped as a record.
+    pair = EncoderDecoderPrompt(
+        encoder_prompt=TextPrompt(prompt="<image>", multi_modal_data={"image": _pixels(7)}),
+        decoder_prompt=TextPrompt(prompt="hi"),
+    )
+    sent, replica = _sent_alone(pair)
+    key = MediaHasher(MODEL).key("image", _pixels(7))
+    assert sent["encoder_prompt"]["multi_modal_uuids"] == {"image": [f"stage0:rep{replica}:{key}"]}
