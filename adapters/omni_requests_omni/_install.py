@@ -40,6 +40,7 @@ from typing import Any, Final, NamedTuple, Protocol
 from omni_requests import (
     EmbedsPrompt,
     EncoderDecoderPrompt,
+    KeyPolicy,
     MediaHasher,
     PromptTypeError,
     TextPrompt,
@@ -60,9 +61,10 @@ _COMPANIONS = "_build_cfg_companions"
 # Parents' replicas kept for their CFG companions: they are built right after the parent
 # (same call); the bound only stops an engine that never builds them from growing this.
 _PARENTS_KEPT: Final = 4096
-# While a request's CFG companions are built: (parent request id, its stage-0 replica).
-_BUILDING_COMPANIONS: Final[contextvars.ContextVar[tuple[str, int] | None]] = contextvars.ContextVar(
-    "omni_requests building companions", default=None
+# While a request's CFG companions are built: (parent request id, its stage-0 replica,
+# the policy its keys were scoped under).
+_BUILDING_COMPANIONS: Final[contextvars.ContextVar[tuple[str, int, KeyPolicy | None] | None]] = (
+    contextvars.ContextVar("omni_requests building companions", default=None)
 )
 _RECORDS = (TextPrompt, TokensPrompt, EmbedsPrompt, EncoderDecoderPrompt)
 _MISSING = object()
@@ -129,8 +131,7 @@ class Stage0Balancer:
 class _Made(NamedTuple):
     """A scoped record's engine dict, as the message builder made it: its UUIDs then."""
 
-    uuids: object  # the dict's multi_modal_uuids, by identity (a shallow copy shares it)
-    snapshot: object  # what they held
+    uuids: object  # a copy of the dict's multi_modal_uuids: its rendered keys
     record: Any
 
 
@@ -145,7 +146,7 @@ def _engine_copy(prompt: Any, made: list[_Made]) -> Any:
         engine = to_vllm(prompt)
         uuids = engine.get("multi_modal_uuids")
         if prompt.scope is not None and uuids is not None:
-            made.append(_Made(uuids, copy.deepcopy(uuids), prompt))
+            made.append(_Made(copy.deepcopy(uuids), prompt))
         return engine
     if isinstance(prompt, dict):
         return {key: _engine_copy(value, made) for key, value in prompt.items()}
@@ -155,18 +156,19 @@ def _engine_copy(prompt: Any, made: list[_Made]) -> Any:
 
 
 def _as_scoped_records(prompt: Any, made: list[_Made], hasher: MediaHasher) -> Any:
-    """``prompt`` with each scoped record's engine dict, its UUIDs as made, read back as
-    that record: its user UUIDs (the dict's are rendered, and ``from_vllm`` refuses those)
-    under its policy. The dict's other fields are taken as vllm-omni left them (its
-    ``global_request_id``, a prompt transform's changes); its items, untouched hand-outs,
-    come back without a copy or a hash."""
+    """``prompt`` with each scoped record's engine dict, its UUIDs as made (a prompt
+    transform may have copied the dict, deeply or not), read back as that record: its user
+    UUIDs (the dict's are rendered, and ``from_vllm`` refuses those) under its policy. The
+    dict's other fields are taken as vllm-omni left them (its ``global_request_id``, a
+    prompt transform's changes); its items, untouched hand-outs, come back without a copy
+    or a hash."""
     if isinstance(prompt, list):
         return [_as_scoped_records(item, made, hasher) for item in prompt]
     if not isinstance(prompt, Mapping):
         return prompt
     uuids = prompt.get("multi_modal_uuids")
-    for given, snapshot, record in made:
-        if uuids is given and uuids == snapshot:
+    for rendered, record in made:
+        if uuids == rendered:
             plain = {name: value for name, value in prompt.items() if name != "multi_modal_uuids"}
             bases = {modality: list(found) for modality, found in record.multi_modal_uuids.items()}
             if bases:
@@ -176,6 +178,15 @@ def _as_scoped_records(prompt: Any, made: list[_Made], hasher: MediaHasher) -> A
             scope = record.scope
             return scope_to_replica(rebuilt, scope.replica_id, hasher=hasher, policy=scope.policy)
     return prompt
+
+
+def _policy_of(prompt: Any) -> KeyPolicy | None:
+    """The policy of the first scoped record in ``prompt`` (its companions inherit it)."""
+    for item in prompt if isinstance(prompt, list) else [prompt]:
+        scope = getattr(item, "scope", None) if isinstance(item, _RECORDS) else None
+        if scope is not None:
+            return scope.policy  # type: ignore[no-any-return]
+    return None
 
 
 def _to_engine(prompt: Any) -> Any:
@@ -195,7 +206,8 @@ class Stage0Scoping:
         self.hasher = hasher
         self.balancer = balancer
         self._scoped: dict[str, Any] = {}  # request id -> scoped prompt, between the two calls
-        self._parents: dict[str, int] = {}  # request id -> its replica, for its CFG companions
+        # request id -> its replica and policy, for its CFG companions
+        self._parents: dict[str, tuple[int, KeyPolicy | None]] = {}
         self._made: dict[Any, list[_Made]] = {}  # request id -> its scoped records' engine dicts
         self._lock = threading.Lock()
         self._processor = engine.input_processor
@@ -246,8 +258,9 @@ class Stage0Scoping:
         )
         with self._lock:
             self._scoped[request_id] = scoped
+            self._parents.pop(request_id, None)  # a request id used again: never an old replica
             if replica is not None and self._build_companions is not None:
-                self._parents[request_id] = replica
+                self._parents[request_id] = (replica, _policy_of(prompt))
                 if len(self._parents) > _PARENTS_KEPT:
                     del self._parents[next(iter(self._parents))]
         return replica
@@ -255,8 +268,8 @@ class Stage0Scoping:
     def build_cfg_companions(self, parent_id: str, *args: Any, **kwargs: Any) -> Any:
         """The engine's own companion builder, with the parent's replica known to ``process_inputs``."""
         with self._lock:
-            replica = self._parents.pop(parent_id, None)
-        token = _BUILDING_COMPANIONS.set(None if replica is None else (parent_id, replica))
+            parent = self._parents.pop(parent_id, None)
+        token = _BUILDING_COMPANIONS.set(None if parent is None else (parent_id, *parent))
         try:
             return self._build_companions(parent_id, *args, **kwargs)  # type: ignore[misc]
         finally:
@@ -273,22 +286,23 @@ class Stage0Scoping:
         elif "prompt" in kwargs:
             parent = _BUILDING_COMPANIONS.get()
             if parent is not None and isinstance(request_id, str) and request_id.startswith(parent[0]):
-                kwargs["prompt"] = self._companion(kwargs["prompt"], parent[1])
+                kwargs["prompt"] = self._companion(kwargs["prompt"], parent[1], parent[2])
         if "prompt" in kwargs:
             kwargs["prompt"] = _to_engine(kwargs["prompt"])
         return self._process_inputs(*args, **kwargs)
 
-    def _companion(self, prompt: Any, replica: int) -> Any:
-        """A companion's prompt scoped to its parent's replica (prompts without media as they are)."""
+    def _companion(self, prompt: Any, replica: int, policy: KeyPolicy | None) -> Any:
+        """A companion's prompt scoped to its parent's replica, under its parent's policy
+        (prompts without media as they are)."""
         if isinstance(prompt, list):
-            return [self._companion(item, replica) for item in prompt]
+            return [self._companion(item, replica, policy) for item in prompt]
         if isinstance(prompt, Mapping):
             if not prompt.get("multi_modal_data"):
                 return prompt
             with unsealed():  # its items are the parent's (hand-outs read back without a copy)
                 prompt = from_vllm(prompt)
         if isinstance(prompt, _RECORDS):
-            return to_vllm(scope_to_replica(prompt, replica, hasher=self.hasher))
+            return to_vllm(scope_to_replica(prompt, replica, hasher=self.hasher, policy=policy))
         return prompt
 
     # -- choosing a replica --

@@ -9,6 +9,7 @@ the parent's replica under unscoped keys.
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 from typing import Any
 
@@ -169,3 +170,69 @@ def test_an_encoder_decoder_record_goes_down_vllm_omnis_path_as_a_record() -> No
     sent, replica = _sent_alone(pair)
     key = MediaHasher(MODEL).key("image", _pixels(7))
     assert sent["encoder_prompt"]["multi_modal_uuids"] == {"image": [f"stage0:rep{replica}:{key}"]}
+
+
+def _img2img(policy: KeyPolicy | None) -> Any:
+    record = from_vllm(
+        {
+            "prompt": "<|fim_middle|>make it blue",
+            "modalities": ["img2img"],
+            "multi_modal_data": {"image": _pixels(8)},
+        }
+    )
+    return record if policy is None else scope_to_replica(record, 0, hasher=MediaHasher(MODEL), policy=policy)
+
+
+def _bagel_engine() -> Any:
+    assert ROOT is not None
+    bagel = _omni_source.module(ROOT, "model_executor/stage_input_processors/bagel.py", "_bagel_cfg")
+    return _engine(prompt_expand_func=bagel.expand_cfg_prompts)
+
+
+def test_cfg_companions_keep_their_parents_policy() -> None:
+    # A tenant_content policy keys the tenant's image apart from everyone's: its
+    # companion, built from the parent's dict without the policy, went out un-tenanted.
+    engine = _bagel_engine()
+    installed = install_stage0_scoping(engine)
+    try:
+        message = engine._build_add_request_message(
+            "req-1", _img2img(KeyPolicy(tenant="acme", tenant_content=True))
+        )
+        companions = engine._build_cfg_companions("req-1", message.original_prompt, object(), [object()])
+    finally:
+        installed.uninstall()
+    calls = dict(engine.input_processor.calls)
+    parent = calls["req-1"]["multi_modal_uuids"]["image"]
+    assert ":tenant:acme:" in parent[0]
+    assert calls[companions[0].companion_id]["multi_modal_uuids"] == {"image": parent}
+
+
+def test_a_scoped_record_survives_a_transform_that_copies_the_prompt_deeply() -> None:
+    engine = _engine()
+    engine.prompt_transform_func = lambda prompt, _: copy.deepcopy(prompt)
+    installed = install_stage0_scoping(engine)
+    try:
+        engine._build_add_request_message("req-1", _photo("tenant"))
+    finally:
+        installed.uninstall()
+    ((_, sent),) = engine.input_processor.calls
+    replica = engine.stage_pools[0].bound["req-1"]
+    assert sent["multi_modal_uuids"] == {"image": [f"stage0:rep{replica}:tenant:acme:photo"]}
+
+
+def test_a_request_id_sent_again_unscoped_never_gets_its_old_replica_for_companions() -> None:
+    engine = _bagel_engine()
+    installed = install_stage0_scoping(engine)
+    try:
+        engine._build_add_request_message("req-1", _img2img(None))  # scoped; no companions built
+        engine.stage_pools[0].live_replica_ids = lambda: [0]  # one replica left: nothing is scoped
+        message = engine._build_add_request_message("req-1", _img2img(None))
+        companions = engine._build_cfg_companions("req-1", message.original_prompt, object(), [object()])
+    finally:
+        installed.uninstall()
+    calls = [
+        prompt
+        for request_id, prompt in engine.input_processor.calls
+        if request_id == companions[0].companion_id
+    ]
+    assert calls and not calls[0].get("multi_modal_uuids")
