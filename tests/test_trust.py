@@ -55,15 +55,23 @@ def _truth(modality: str, item: Any, prefix: str = "stage0:rep0:") -> str:
 # -- 1. freezing an array freezes its bytes --
 
 
+def _written_through_a_twin(array: np.ndarray, side_door: np.ndarray, modality: str = "video") -> Any:
+    """A record scoped around read-only ``array``; then every byte of it rewritten through
+    ``side_door``, a writable twin. The record must send its first key, vLLM's key of the
+    item it sends; that item is returned."""
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={modality: array}), 0, hasher=HASHER)
+    first, _ = _sent(record, modality)
+    side_door ^= 0xFF
+    key, item = _sent(record, modality)
+    assert key == first == _truth(modality, item)
+    return item
+
+
 def test_a_writable_view_taken_before_freezing_cannot_stale_the_key() -> None:
     frames = video(1)
     side_door = frames[:]  # taken while writable
     frames.flags.writeable = False
-    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": frames}), 0, hasher=HASHER)
-    first, _ = _sent(record)
-    side_door[:] = 0
-    key, item = _sent(record)
-    assert key == first == _truth("video", item)
+    _written_through_a_twin(frames, side_door)
 
 
 def test_an_owner_that_unfreezes_writes_and_refreezes_cannot_stale_the_key() -> None:
@@ -98,11 +106,7 @@ def test_an_array_unpickled_then_frozen_with_a_writable_twin_cannot_stale_the_ke
     assert frames.flags.writeable and type(frames.base) is bytes
     side_door = frames[:]
     frames.flags.writeable = False
-    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": frames}), 0, hasher=HASHER)
-    first, _ = _sent(record)
-    side_door[:] = 255
-    key, item = _sent(record)
-    assert key == first == _truth("video", item)
+    item = _written_through_a_twin(frames, side_door)
     assert item is not frames and not np.array_equal(item, frames)
 
 
@@ -116,11 +120,7 @@ def test_an_array_whose_base_lies_about_being_bytes_cannot_stale_the_key() -> No
     pen = owner.view(np.ndarray)
     owner.flags.writeable = False
     top = owner.view(np.ndarray)  # a plain, read-only ndarray over the liar
-    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"image": top}), 0, hasher=HASHER)
-    first, _ = _sent(record, "image")
-    pen[:] = 9
-    key, item = _sent(record, "image")
-    assert key == first == _truth("image", item)
+    _written_through_a_twin(top, pen, "image")
 
 
 @pytest.mark.parametrize(
