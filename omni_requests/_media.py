@@ -8,6 +8,7 @@ arrays) and :func:`thaw` gives the engine back the plain shapes it expects.
 from __future__ import annotations
 
 import enum
+import math
 import pickle
 import struct
 import sys
@@ -266,10 +267,7 @@ def frozen_array(data: bytes, dtype: np.dtype[Any], shape: tuple[int, ...]) -> n
 
     For bytes this module, the unpickler or the wire decoder made, never a caller's.
     """
-    count = 1
-    for side in shape:
-        count *= side
-    array: np.ndarray[Any, Any] = np.frombuffer(data, dtype=dtype, count=count).reshape(shape)
+    array: np.ndarray[Any, Any] = np.frombuffer(data, dtype=dtype, count=math.prod(shape)).reshape(shape)
     _OWN_ARRAYS.put(array, (array.base, array.dtype, array.shape, array.strides))
     return array
 
