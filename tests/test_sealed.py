@@ -505,15 +505,20 @@ def _no_other_thread_may_run() -> Iterator[list[int]]:
     """Yields a list that a waiting thread appends to if the GIL is ever let go inside.
 
     With a switch interval longer than the test, only a call that releases the GIL (a
-    blocking system call, most C code that copies) lets the waiting thread run.
+    blocking system call, most C code that copies) lets the waiting thread run. The cyclic
+    collector is off inside: a collection there may finalize an earlier test's store, whose
+    close lets go, and that says nothing about the code under test.
     """
+    import gc
     import sys
     import threading
     import time
 
     go, ran = threading.Event(), []
     waiter = threading.Thread(target=lambda: (go.wait(), ran.append(1)))
-    interval = sys.getswitchinterval()
+    interval, collecting = sys.getswitchinterval(), gc.isenabled()
+    gc.collect()
+    gc.disable()
     sys.setswitchinterval(1000.0)  # first: the waiter's first wait for the GIL must be a long one
     try:
         waiter.start()  # it runs until it blocks in go.wait(), its first release
@@ -524,6 +529,8 @@ def _no_other_thread_may_run() -> Iterator[list[int]]:
         yield ran
     finally:
         sys.setswitchinterval(interval)
+        if collecting:
+            gc.enable()
         waiter.join()
 
 
