@@ -417,7 +417,7 @@ def _sample_spans(count: int, per: int) -> list[tuple[int, int]]:
     return [(i * last // (_SAMPLES - 1), i * last // (_SAMPLES - 1) + per) for i in range(_SAMPLES)]
 
 
-def _fingerprint_leaf(update: _Update, value: object, by_id: bool = True) -> None:
+def _fingerprint_leaf(update: _Update, value: object) -> None:
     media: Any = value
     kind = media_kind(value)
     if isinstance(value, (bytes, memoryview)):
@@ -428,7 +428,7 @@ def _fingerprint_leaf(update: _Update, value: object, by_id: bool = True) -> Non
         _framed(update, b"ndarray")
         _sampled_array(update, media, media.dtype.str)
     elif kind is MediaKind.IMAGE:
-        _sampled_image(update, media, by_id)
+        _sampled_image(update, media)
     elif kind is MediaKind.TENSOR:
         import torch  # a tensor exists, so torch is imported already
 
@@ -440,11 +440,6 @@ def _fingerprint_leaf(update: _Update, value: object, by_id: bool = True) -> Non
             _sampled_array(update, tensor.numpy(), str(tensor.dtype))
     else:
         _leaf(update, value)
-
-
-def _content_fingerprint_leaf(update: _Update, value: object) -> None:
-    # Outside ``image``, as the content key reads it (see _content_leaf).
-    _fingerprint_leaf(update, value, by_id=False)
 
 
 def _sampled_array(update: _Update, array: np.ndarray[Any, Any], dtype: str) -> None:
@@ -460,12 +455,10 @@ def _sampled_array(update: _Update, array: np.ndarray[Any, Any], dtype: str) -> 
         update(np.ascontiguousarray(array.flat[index]).view(np.uint8).data)
 
 
-def _sampled_image(update: _Update, image: Any, by_id: bool) -> None:
-    image_id = _exif_image_id(image) if by_id else None
+def _sampled_image(update: _Update, image: Any) -> None:
+    # Never by an EXIF ImageID, under any modality: vLLM's parser drops the ID, so two
+    # images sharing one are two inputs to the model, and content_key tells them apart.
     _framed(update, b"image")
-    if image_id is not None:  # vLLM keys an image item by this id; so does its fingerprint
-        _framed(update, image_id)
-        return
     palette = image.palette
     _value(update, (image.mode, image.size, None if palette is None else bytes(palette.palette)))
     # What vLLM's parser reads besides the pixels (content_key hashes the parsed image):
@@ -798,8 +791,7 @@ class MediaHasher:
         hasher = self._new_hasher(0)
         update = hasher.update
         _framed(update, b"omni-requests fingerprint 1")
-        leaf = _fingerprint_leaf if modality == "image" else _content_fingerprint_leaf
-        _named(update, modality, item, leaf)
+        _named(update, modality, item, _fingerprint_leaf)
         digest: str = hasher.hexdigest()
         return digest[:_FINGERPRINT_HEX]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import pickle
+from uuid import UUID
 
 import attrs
 import numpy as np
@@ -366,6 +367,40 @@ def test_image_fingerprints_see_mode_size_palette_and_sampled_rows(hasher: Media
     edited[0, 10] ^= 0xFF  # row 0 is always sampled
     variants = [Image.fromarray(edited), image.convert("L"), image.resize((641, 480)), image.convert("P")]
     assert len({fp, *(hasher.fingerprint("image", v) for v in variants)}) == len(variants) + 1
+
+
+def test_images_sharing_an_exif_image_id_are_bound_apart(hasher: MediaHasher) -> None:
+    # vLLM's parser drops an in-memory ImageID, so these are three inputs to the model.
+    # A fingerprint that read the ID alone gave them one bound key, and the engine served
+    # the first image's features for the others under the user's UUID.
+    shared_id = UUID("01234567-89ab-cdef-0123-456789abcdef")
+    pixels = np.random.default_rng(8).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    images = [
+        Image.fromarray(pixels),
+        Image.fromarray(pixels).convert("L"),
+        Image.fromarray(pixels[::-1].copy()),
+    ]
+    turned = Image.fromarray(pixels)
+    turned.getexif()[0x0112] = 6  # the parser turns this one a quarter
+    for image in [*images, turned]:
+        image.getexif()[0x800D] = shared_id  # EXIF ImageID
+    images.append(turned)
+    assert len({hasher.fingerprint("image", image) for image in images}) == len(images)
+    policy = KeyPolicy(bind_content=True)
+    bound = {
+        _keys(
+            scope_to_replica(
+                TextPrompt(
+                    prompt="x", multi_modal_data={"image": image}, multi_modal_uuids={"image": "photo"}
+                ),
+                0,
+                hasher=hasher,
+                policy=policy,
+            )
+        )[0]
+        for image in images
+    }
+    assert len(bound) == len(images)
 
 
 def test_tensor_fingerprints_cover_bfloat16_without_copying(hasher: MediaHasher) -> None:

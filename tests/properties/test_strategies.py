@@ -66,7 +66,10 @@ def test_images_cover_every_mode_palettes_and_exif_ids() -> None:
 
 
 def test_arrays_cover_dtypes_layouts_and_zero_dims() -> None:
-    assert seen(S.arrays(), lambda a: a.dtype.str, 250) == {np.dtype(d).str for d in S.ARRAY_DTYPES}
+    # 250 examples missed bool after the demo test had run: Hypothesis mixes constants
+    # from the modules loaded so far into its draws, so even derandomized draws follow
+    # test order. 500 leaves a margin.
+    assert seen(S.arrays(), lambda a: a.dtype.str, 500) == {np.dtype(d).str for d in S.ARRAY_DTYPES}
     assert seen(S.arrays(), lambda a: (a.ndim == 0, a.flags.c_contiguous)) == {
         (True, True),
         (False, True),
