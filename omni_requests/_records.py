@@ -42,7 +42,7 @@ from ._media import (
     tensor_bytes,
     thaw,
 )
-from ._sealed import current, is_sealed_image
+from ._sealed import current, is_sealed_image, made_in_this_call
 
 __all__ = [
     "EmbedsPrompt",
@@ -196,28 +196,35 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
             # again, its sealed images and tensors would be copied and keyed anew.
             frozen[modality] = data
             continue
-        # A pvector is a list of items already (a record's own); anything else is read
-        # the way vLLM reads it, so single items and lists give the same record.
-        items = data if isinstance(data, PVector) else _split_items(modality, data)
-        if modality in _VISUAL_AUDIO:
-            _check_no_text(where, modality, data, items)
-        if modality == "image":
-            _check_images_parse(where, items)
-        if modality == "video":
-            # A tuple split into items reaches the engine as a list of them, too.
-            _check_video_items(where, items, given_as_items=isinstance(data, (PVector, tuple)))
-        if modality == "audio":
-            _check_audio_items(where, items)
-        if modality not in _VISUAL_AUDIO and any(isinstance(item, EmbeddingFields) for item in items):
-            raise PromptTypeError(
-                where, "vLLM takes a dict of embedding fields only for image, video and audio"
-            )
-        check_embedding_items(where, modality, list(items))
-        vector = frozen[modality] = pvector(
-            freeze_media(item, f"{where}[{i}]") for i, item in enumerate(items)
+        frozen[modality] = made_in_this_call(
+            ("modality", modality, id(data)), data, _freeze_items, where, modality, data
         )
-        _OWN_VECTORS.put(vector, modality)
     return frozen_map(frozen, "media") if frozen else _EMPTY
+
+
+def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
+    """A modality's value as the record's checked, frozen list of items."""
+    # A pvector is a list of items already (a record's own); anything else is read
+    # the way vLLM reads it, so single items and lists give the same record.
+    items = data if isinstance(data, PVector) else _split_items(modality, data)
+    if modality in _VISUAL_AUDIO:
+        _check_no_text(where, modality, data, items)
+    if modality == "image":
+        _check_images_parse(where, items)
+    if modality == "video":
+        # A tuple split into items reaches the engine as a list of them, too.
+        _check_video_items(where, items, given_as_items=isinstance(data, (PVector, tuple)))
+    if modality == "audio":
+        _check_audio_items(where, items)
+    if modality not in _VISUAL_AUDIO and any(isinstance(item, EmbeddingFields) for item in items):
+        raise PromptTypeError(where, "vLLM takes a dict of embedding fields only for image, video and audio")
+    check_embedding_items(where, modality, list(items))
+    vector = pvector(
+        made_in_this_call(("item", id(item)), item, freeze_media, item, f"{where}[{i}]")
+        for i, item in enumerate(items)
+    )
+    _OWN_VECTORS.put(vector, modality)
+    return vector
 
 
 # The item lists records froze, by identity, with their modality: a list found here holds

@@ -38,7 +38,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from ._exif import ExifEdits, apply_exif_edits, copy_with_exif, exif_edits, parser_tags, same_value
 from ._identity import IdentityMap
@@ -111,23 +111,51 @@ def _sys(result: int) -> int:
 _READ_WRITE: Final = mmap.PROT_READ | mmap.PROT_WRITE
 
 
+_T = TypeVar("_T")
+
 # False while building records that never leave the call building them (see unsealed).
 _SEALING: Final = contextvars.ContextVar("omni_requests sealing", default=True)
+# While unsealed: what records built in the block made of each caller object, by its id
+# (the object is held too, so its id is not reused while the block runs).
+_ONE_CALL: Final[contextvars.ContextVar[dict[object, tuple[object, Any]] | None]] = contextvars.ContextVar(
+    "omni_requests one call", default=None
+)
 
 
 @contextlib.contextmanager
 def unsealed() -> Iterator[None]:
-    """Records built inside keep the caller's images and tensors, unsealed.
+    """Records built inside keep the caller's images and tensors, unsealed, and share
+    what they make of one caller object.
 
     For an adapter's records that live only within one call, rendered there and dropped
     (``scope_stage0`` of a dict): sealing would copy each item for nothing. Such a
-    record hashes its images and tensors at every render, as a dict's are hashed.
+    record hashes its images and tensors at every render, as a dict's are hashed. A
+    caller's array or tensor given in two dicts of the call becomes one frozen item, so
+    the call's ``one_request`` hashes it once, not once a dict.
     """
     token = _SEALING.set(False)
+    shared = _ONE_CALL.set({})
     try:
         yield
     finally:
+        _ONE_CALL.reset(shared)
         _SEALING.reset(token)
+
+
+def made_in_this_call(key: tuple[object, ...], given: object, make: Callable[..., _T], *args: Any) -> _T:
+    """``make(*args)``, or what it returned earlier in this ``unsealed`` block for ``key``
+    (which names ``given`` by its id) while ``given`` is the same object; outside a block,
+    ``make(*args)``."""
+    made = _ONE_CALL.get()
+    if made is None:
+        return make(*args)
+    found = made.get(key)
+    if found is not None and found[0] is given:
+        result: _T = found[1]
+        return result
+    result = make(*args)
+    made[key] = (given, result)
+    return result
 
 
 class _Budget:

@@ -150,23 +150,24 @@ class _Request:
         self.items = items
         self._at = at
         self.records: list[object] = []
-        for i, item in enumerate(items):
-            if isinstance(item, (*_RECORDS, str)) or _is_token_list(item):
-                self.records.append(item)
-            elif isinstance(item, Mapping):
-                try:
-                    # A dict comes back as a dict: its record lives only in this call,
-                    # so its images and tensors are the caller's, not sealed copies.
-                    with unsealed():
+        # A dict comes back as a dict: its record lives only in this call, so its images
+        # and tensors are the caller's, not sealed copies, and a caller's object in two
+        # dicts becomes one item, hashed once.
+        with unsealed():
+            for i, item in enumerate(items):
+                if isinstance(item, (*_RECORDS, str)) or _is_token_list(item):
+                    self.records.append(item)
+                elif isinstance(item, Mapping):
+                    try:
                         self.records.append(from_vllm(item))
-                except OmniRequestsError as error:
-                    raise error.under(at(i)) from None
-            else:
-                raise PromptTypeError(
-                    at(i),
-                    "must be a prompt dict, a prompt record, a str or a list of token ids "
-                    f"to be scoped, got {type_name(item)}",
-                )
+                    except OmniRequestsError as error:
+                        raise error.under(at(i)) from None
+                else:
+                    raise PromptTypeError(
+                        at(i),
+                        "must be a prompt dict, a prompt record, a str or a list of token ids "
+                        f"to be scoped, got {type_name(item)}",
+                    )
         self._keys: dict[int, list[_KeyMap | None]] = {}
 
     def keys(self, index: int) -> list[_KeyMap | None]:
@@ -266,11 +267,12 @@ def scope_stage0(
 
     Each media item is hashed at most once in a call: the keys a policy reads to route
     the request are the ones its dicts are rendered with (``one_request``), never kept
-    beyond the call. A record's keys are cached across calls (its arrays are
-    immutable, its images and tensors sealed). A PIL image or tensor in a dict is the
-    caller's own object, hashed in each call and handed on: changed during the call (by
-    the policy, or by another thread) or after it, before the engine has read it, it
-    goes out under the key of what it held when routing read it (``docs/security.md``).
+    beyond the call; one object given in several dicts of the call is one item. A
+    record's keys are cached across calls (its arrays are immutable, its images and
+    tensors sealed). A PIL image or tensor in a dict is the caller's own object, hashed
+    in each call and handed on: changed during the call (by the policy, or by another
+    thread) or after it, before the engine has read it, it goes out under the key of
+    what it held when routing read it (``docs/security.md``).
 
     >>> import numpy as np
     >>> from omni_requests import MediaHasher

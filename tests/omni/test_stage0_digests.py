@@ -130,6 +130,38 @@ def test_a_dict_request_hashes_each_item_once(many: bool) -> None:
     _check_nothing_is_reused_after(media, capturing, hasher)
 
 
+@pytest.mark.parametrize("shared", ["items", "whole values"])
+def test_one_caller_object_in_several_dicts_of_a_request_is_hashed_once(shared: str) -> None:
+    # Each dict's record copied the caller's array (and split its tensor into fresh rows)
+    # on its own, so the request's reuse, keyed by item, missed: one hash per dict.
+    torch = pytest.importorskip("torch")
+    hasher = _hasher()
+    rng = np.random.default_rng(3)
+    media: dict[str, Any]
+    if shared == "items":  # the same objects in new lists
+        items = _media(3)
+        media = {m: list(v) for m, v in items.items()}
+    else:  # vLLM reads a 3-D tensor under image as two items (embeddings), split here
+        items = media = {
+            "image": torch.from_numpy(rng.integers(0, 256, (2, 5, 7), dtype=np.uint8)),
+            "video": rng.integers(0, 256, (2, 8, 8, 3), dtype=np.uint8),
+        }
+    prompts = [
+        {
+            "prompt": f"<image> {n}",
+            "multi_modal_data": {m: list(v) for m, v in items.items()} if shared == "items" else media,
+        }
+        for n in range(3)
+    ]
+    replica, out = scope_stage0(prompts, pool=Stage0Pool(replicas=2, select=lambda r: 1), hasher=hasher)
+    assert replica == 1
+    record = TextPrompt(prompt="x", multi_modal_data=media)
+    assert Counting.computed == _content_keys({m: list(v) for m, v in record.multi_modal_data.items()})
+    expected = _expected(record, 1)["multi_modal_uuids"]
+    assert sum(map(len, expected.values())) == 3
+    assert all(scoped["multi_modal_uuids"] == expected for scoped in out)
+
+
 @pytest.mark.parametrize(
     "policy",
     [None, KeyPolicy(namespaces=True, tenant="acme"), KeyPolicy(bind_content=True)],
