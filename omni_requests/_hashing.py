@@ -36,6 +36,7 @@ from ._media import (
     IMAGE_MODES,
     MediaKind,
     check_text,
+    image_size_error,
     immutable_token,
     is_immutable_array,
     is_pil_image,
@@ -205,6 +206,7 @@ def _pil_image(update: _Update, image: Any, by_id: bool = True) -> None:
     if image_id is not None:
         _framed(update, image_id)
         return
+    _check_image_size(image)
     # vLLM hashes np.asarray(image): Pillow packs the pixels into one bytes object that
     # numpy wraps. We feed the same bytes packed a chunk at a time, with no image copy.
     dtype, shape, nbytes, feed = pixels(image)  # the fast road, or Pillow's copy (see _image_road)
@@ -455,7 +457,15 @@ def _sampled_array(update: _Update, array: np.ndarray[Any, Any], dtype: str) -> 
         update(np.ascontiguousarray(array.flat[index]).view(np.uint8).data)
 
 
+def _check_image_size(image: Any) -> None:
+    image.load()  # a file image decodes on first use
+    wrong_size = image_size_error(image)
+    if wrong_size is not None:
+        raise ValueError(wrong_size)
+
+
 def _sampled_image(update: _Update, image: Any) -> None:
+    _check_image_size(image)
     # Never by an EXIF ImageID, under any modality: vLLM's parser drops the ID, so two
     # images sharing one are two inputs to the model, and content_key tells them apart.
     _framed(update, b"image")

@@ -362,6 +362,9 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
             raise InvalidPromptError(
                 path, f"the image cannot be read ({type(error).__name__}: {error}); vLLM could not parse it"
             ) from None
+        wrong_size = image_size_error(value)
+        if wrong_size is not None:
+            raise InvalidPromptError(path, wrong_size)
         held = value.im.mode  # type: ignore[attr-defined]
         if held != value.mode:  # type: ignore[attr-defined]
             # An L image given a palette holds P pixels: copies (vLLM's parser copies) are
@@ -387,6 +390,23 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
         path,
         f"unsupported media value of type {type_name(value)}; expected an image, array, tensor, "
         "list, tuple, dict, str, bytes or number",
+    )
+
+
+def image_size_error(image: Any) -> str | None:
+    """Why a loaded PIL image's pixels cannot be read at the size it says, or None.
+
+    A TIFF whose EXIF orientation was deleted through ``getexif()`` before it was loaded
+    says one size and holds its pixels turned, at the other: reading it fails deep in
+    Pillow (``SystemError: tile cannot extend outside image``), or reads a wrong size.
+    """
+    held = tuple(image.im.size)
+    if held == image.size:
+        return None
+    return (
+        f"Pillow holds its pixels at {held[0]}x{held[1]} but the image says "
+        f"{image.size[0]}x{image.size[1]} (an EXIF orientation changed before it was loaded?); "
+        "load the image before editing its EXIF, or give image.copy()"
     )
 
 

@@ -639,6 +639,33 @@ def test_an_image_file_that_cannot_be_decoded_is_refused_by_name() -> None:
         assert caught.value.path == "$.multi_modal_data.image[0]"
 
 
+def test_a_tiff_whose_orientation_was_deleted_before_loading_is_refused_by_name() -> None:
+    # Pillow's TIFF reader turns the pixels by the orientation it read, so the loaded
+    # image says 6x5 but holds 5x6 pixels: keys and seals failed deep in Pillow
+    # (SystemError: tile cannot extend outside image; ValueError: images do not match).
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    data = io.BytesIO()
+    Image.fromarray(np.arange(90, dtype=np.uint8).reshape(6, 5, 3)).save(data, "TIFF", exif=exif.tobytes())
+
+    def edited() -> Image.Image:
+        image = Image.open(io.BytesIO(data.getvalue()))
+        del image.getexif()[0x0112]
+        return image
+
+    with pytest.raises(InvalidPromptError, match="holds its pixels at 5x6 but the image says 6x5") as caught:
+        TextPrompt(prompt="<image>", multi_modal_data={"image": edited()})
+    assert caught.value.path == "$.multi_modal_data.image[0]"
+    hasher = MediaHasher("m")
+    for key_of in (hasher.key, hasher.content_key, hasher.fingerprint):
+        with pytest.raises(ValueError, match="holds its pixels at 5x6"):
+            key_of("image", edited())
+    image = edited()
+    image.load()
+    assert image.copy().size == (5, 6)  # the hint's way out reads the pixels as held
+    assert TextPrompt(prompt="<image>", multi_modal_data={"image": image.copy()}).multi_modal_data
+
+
 @pytest.mark.parametrize("mode", ["L", "P"])
 def test_an_image_pillow_cannot_convert_is_refused_by_name_when_built(mode: str) -> None:
     # vLLM's parser applies info["transparency"] through Pillow's convert, which raises
