@@ -16,6 +16,7 @@ silently); in Python mode it stays the record.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -169,11 +170,14 @@ def _kind_of(value: object) -> type[Any]:
 
 def _to_json(record: Any) -> dict[str, Any]:
     if isinstance(record, EncoderDecoderPrompt):
-        decoder = record.decoder_prompt
-        return {
-            "encoder_prompt": _to_json(record.encoder_prompt),
-            "decoder_prompt": None if decoder is None else _to_json(decoder),
-        }
+        parts: dict[str, Any] = {}
+        for name in ("encoder_prompt", "decoder_prompt"):
+            part = getattr(record, name)
+            try:
+                parts[name] = None if part is None else _to_json(part)
+            except OmniRequestsError as error:
+                raise error.under(f"$.{name}") from None
+        return parts
     out: dict[str, Any] = {}
     for field in attrs.fields(type(record)):
         value = getattr(record, field.name)
@@ -184,10 +188,35 @@ def _to_json(record: Any) -> dict[str, Any]:
                 f"$.{field.name}",
                 "has no JSON form; send records with media or a scope with omni_requests.wire",
             )
-        out[field.name] = thaw(value)
+        out[field.name] = _json_value(thaw(value), f"$.{field.name}")
     if "multi_modal_uuids" in out:  # in the caller's order
         out["multi_modal_uuids"] = {m: list(u) for m, u in plain_map(record.multi_modal_uuids).items()}
     return out
+
+
+def _json_value(value: object, path: str) -> object:
+    """``value`` when JSON gives it back as it is (a tuple as a list: JSON has one array
+    type, and vLLM's hasher reads the two alike), else refused by name: serialized, bytes
+    would come back as text, NaN as null, a set as a list, and a numpy value not at all."""
+    if value is None or type(value) in (str, bool, int):
+        return value
+    if isinstance(value, float) and type(value) is float:
+        if not math.isfinite(value):
+            raise PromptTypeError(path, f"{value!r} has no JSON form (JSON writes it as null)")
+        return value
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return [_json_value(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, dict) and type(value) is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise PromptTypeError(path, f"has a key {key!r} ({type_name(key)}); JSON keys are str")
+            _json_value(item, f"{path}.{key}")
+        return value
+    raise PromptTypeError(
+        path,
+        f"a {type_name(value)} has no faithful JSON form (bytes would come back as text, a set "
+        "as a list, numpy values not at all); send such a record with omni_requests.wire",
+    )
 
 
 install()

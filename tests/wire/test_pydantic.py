@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -108,6 +109,43 @@ def test_media_and_scopes_are_not_dropped_silently_from_json() -> None:
     )
     with pytest.raises(pydantic_core.PydanticSerializationError, match="scope"):
         Request(prompt=scoped).model_dump_json()
+
+
+@pytest.mark.parametrize(
+    ("options", "where", "why"),
+    [
+        ({"k": b"abc"}, "$.mm_processor_kwargs.k", "bytes has no faithful JSON form"),
+        ({"k": float("nan")}, "$.mm_processor_kwargs.k", "nan has no JSON form"),
+        ({"k": [1, float("-inf")]}, "$.mm_processor_kwargs.k[1]", "-inf has no JSON form"),
+        ({"k": {1, 2}}, "$.mm_processor_kwargs.k", "set has no faithful"),
+        ({"k": {"n": np.float32(1.5)}}, "$.mm_processor_kwargs.k.n", "float32 has no faithful"),
+        ({"k": np.arange(3)}, "$.mm_processor_kwargs.k", "ndarray has no faithful"),
+    ],
+)
+def test_options_json_cannot_give_back_are_refused_by_name(
+    options: dict[str, object], where: str, why: str
+) -> None:
+    # They used to come back changed (bytes as text, NaN as null, a set as a list) or
+    # failed in pydantic with no field named.
+    record = TextPrompt(prompt="x", mm_processor_kwargs=options)
+    with pytest.raises(
+        pydantic_core.PydanticSerializationError, match=f"{re.escape(where)}: .*{re.escape(why)}"
+    ):
+        Request(prompt=record).model_dump_json()
+    pair = EncoderDecoderPrompt(encoder_prompt=TextPrompt(prompt="e"), decoder_prompt=record)
+    with pytest.raises(
+        pydantic_core.PydanticSerializationError, match=re.escape(f"$.decoder_prompt.{where[2:]}: ")
+    ):
+        Request(prompt=TextPrompt(prompt="x"), pair=pair).model_dump_json()
+
+
+def test_json_options_round_trip_with_tuples_as_lists() -> None:
+    # JSON has one array type: a tuple comes back a list, which vLLM's hasher reads alike.
+    record = TextPrompt(prompt="x", mm_processor_kwargs={"size": (2, 3), "a": [1.5, None, True, {"s": "t"}]})
+    back = Request.model_validate_json(Request(prompt=record).model_dump_json()).prompt
+    assert back == TextPrompt(
+        prompt="x", mm_processor_kwargs={"size": [2, 3], "a": [1.5, None, True, {"s": "t"}]}
+    )
 
 
 def test_importing_the_core_does_not_import_pydantic() -> None:
