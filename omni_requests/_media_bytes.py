@@ -172,8 +172,18 @@ def _rebuild(cls: type, media: object, original: bytes, io_config: object) -> ob
 
 
 def _reduce(self: Any) -> tuple[Any, ...]:
-    # Pickled as vLLM's own class plus the values, and frozen again when loaded.
-    return (_rebuild, (type(self).__mro__[1], self.media, self.original_bytes, self.io_config))
+    # Pickled as vLLM's own class plus the values, and frozen again when loaded. Arrays go
+    # as the records' own pickle form: numpy's turns big-endian frames native below protocol 5.
+    from ._records import pickle_form
+
+    media, config = pickle_form(self.media), pickle_form(self.io_config)
+    return (_rebuild, (type(self).__mro__[1], media, self.original_bytes, config))
+
+
+def _itself(self: Any, memo: object = None) -> Any:
+    # Frozen, so a copy may be itself. Without this copy.deepcopy finds vLLM's __getattr__,
+    # which hands it the wrapped item's __deepcopy__: the copy was a bare array.
+    return self
 
 
 def _frozen_class(cls: type) -> type:
@@ -190,6 +200,8 @@ def _frozen_class(cls: type) -> type:
         "__hash__": _hash,
         "__repr__": _repr,
         "__reduce__": _reduce,
+        "__copy__": _itself,
+        "__deepcopy__": _itself,
     }
     return type(cls.__name__, (cls,), namespace)
 

@@ -952,13 +952,11 @@ def plain_fields(record: Any) -> dict[str, Any]:
     for field in attrs.fields(type(record)):
         value = getattr(record, field.name)
         if field.name == "multi_modal_data":  # in the caller's order, not the PMap's
-            value = {
-                m: [_pickle_arrays(thaw(item)) for item in items] for m, items in plain_map(value).items()
-            }
+            value = {m: [pickle_form(thaw(item)) for item in items] for m, items in plain_map(value).items()}
         elif field.name == "multi_modal_uuids":
             value = {m: list(uuids) for m, uuids in plain_map(value).items()}
         elif not isinstance(value, (_Prompt, Scope)):
-            value = _pickle_arrays(thaw(value))
+            value = pickle_form(thaw(value))
         state[field.name] = value
     return state
 
@@ -1011,18 +1009,19 @@ def _restore_image(image: Any, palette: Any, tags: dict[int, Any] | None) -> Any
     return image
 
 
-def _pickle_arrays(value: Any) -> Any:
+def pickle_form(value: Any) -> Any:
+    """``value`` with its arrays and unsealed images wrapped in their pickle forms (see below)."""
     # Object arrays (allowed in options, never in media) hold pointers, not bytes.
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
         return _ArrayPickle(value)
     if is_pil_image(value) and not is_sealed_image(value):
         return _ImagePickle(value)
     if isinstance(value, list):
-        return [_pickle_arrays(v) for v in value]
+        return [pickle_form(v) for v in value]
     if isinstance(value, tuple):
-        return tuple(_pickle_arrays(v) for v in value)
+        return tuple(pickle_form(v) for v in value)
     if isinstance(value, dict):
-        return {k: _pickle_arrays(v) for k, v in value.items()}
+        return {k: pickle_form(v) for k, v in value.items()}
     return value
 
 

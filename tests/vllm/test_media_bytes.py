@@ -15,6 +15,7 @@ from _tiny_models import VLLM_MISSING
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
 import base64
+import copy
 import io
 import pickle
 import uuid
@@ -190,6 +191,29 @@ def test_the_records_copy_cannot_be_changed_and_survives_pickling() -> None:
     assert "MediaWithBytes(Image(RGB, 8x8), " in repr(record)
     other = TextPrompt(prompt="<image>", multi_modal_data={"image": ImageMediaIO().load_bytes(rgba_png())})
     assert other != record  # same bytes, another io_config: another key
+
+
+@pytest.mark.parametrize(
+    "road",
+    ["deepcopy", "copy", *(f"pickle-{p}" for p in range(pickle.HIGHEST_PROTOCOL + 1))],
+)
+def test_copies_and_pickles_keep_the_wrapper_its_frames_dtype_and_key(road: str) -> None:
+    # vLLM's __getattr__ handed deepcopy the frames' own __deepcopy__ (the copy was a bare
+    # array), and numpy's pickle below protocol 5 turned big-endian frames native.
+    frames = np.arange(96, dtype=">i4").reshape(2, 4, 4, 3)
+    record = TextPrompt(prompt="<video>", multi_modal_data={"video": MediaWithBytes(frames, b"x" * 100_000)})
+    if road.startswith("pickle-"):
+        again = pickle.loads(pickle.dumps(record, int(road.removeprefix("pickle-"))))
+    else:
+        again = getattr(copy, road)(record)
+    (item,) = again.multi_modal_data["video"]
+    assert isinstance(item, MediaWithBytes)
+    assert item.media.dtype == np.dtype(">i4")
+    assert again == record
+    hasher = MediaHasher(MODEL)
+    assert hasher.key("video", item) == hasher.key("video", record.multi_modal_data["video"][0])
+    (frozen,) = record.multi_modal_data["video"]
+    assert copy.deepcopy(frozen) is frozen and copy.copy(frozen) is frozen  # immutable
 
 
 def test_media_vllm_cannot_key_is_refused_with_the_field() -> None:
