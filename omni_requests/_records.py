@@ -1009,11 +1009,45 @@ def _restore_image(image: Any, palette: Any, tags: dict[int, Any] | None) -> Any
     return image
 
 
+class _TensorPickle:
+    """Pickles a tensor of a dtype torch's own pickle fails on as its dtype, shape and bytes.
+
+    torch (2.14) has no typed storage for uint16, uint32 and uint64, and pickling such a
+    tensor raises ``AttributeError``: a record holding one could not be pickled.
+    """
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        tensor = self.tensor
+        name = str(tensor.dtype).removeprefix("torch.")
+        raw = tensor.detach().cpu().contiguous().numpy().tobytes()
+        return (_restore_tensor, (name, tuple(tensor.shape), raw, str(tensor.device)))
+
+
+# The dtypes _TensorPickle carries; each has a numpy twin of the same name.
+_TENSOR_PICKLE_DTYPES: Final = frozenset({"torch.uint16", "torch.uint32", "torch.uint64"})
+
+
+def _restore_tensor(name: str, shape: tuple[int, ...], raw: bytes, device: str) -> Any:
+    import torch
+
+    # A bytearray, so the tensor owns writable memory (torch warns over read-only bytes).
+    tensor = torch.from_numpy(np.frombuffer(bytearray(raw), dtype=name).reshape(shape))
+    return tensor if device == "cpu" else tensor.to(device)
+
+
 def pickle_form(value: Any) -> Any:
-    """``value`` with its arrays and unsealed images wrapped in their pickle forms (see below)."""
+    """``value`` with its arrays, unsealed images and the tensors torch cannot pickle
+    wrapped in their pickle forms (above)."""
     # Object arrays (allowed in options, never in media) hold pointers, not bytes.
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
         return _ArrayPickle(value)
+    if is_torch_tensor(value) and str(value.dtype) in _TENSOR_PICKLE_DTYPES and _plain_tensor(value):
+        return _TensorPickle(value)
     if is_pil_image(value) and not is_sealed_image(value):
         return _ImagePickle(value)
     if isinstance(value, list):
@@ -1023,6 +1057,13 @@ def pickle_form(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: pickle_form(v) for k, v in value.items()}
     return value
+
+
+def _plain_tensor(tensor: Any) -> bool:
+    # A subclass or another layout is left to its own pickle: bytes would not rebuild it.
+    import torch
+
+    return type(tensor) is torch.Tensor and tensor.layout is torch.strided
 
 
 def _rebuild(cls: type[Any], state: dict[str, Any]) -> Any:

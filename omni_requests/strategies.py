@@ -110,6 +110,9 @@ TENSOR_DTYPES: Final = (
     "int16",
     "int8",
     "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
     "bool",
     "complex64",
 )

@@ -208,3 +208,24 @@ def test_copy_copy_of_a_record_is_the_record() -> None:
         assert copy.deepcopy(prompt) == prompt
     sent = to_vllm(copy.copy(record))
     assert isinstance(sent["additional_information"]["speaker"], np.ndarray)
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64"])
+def test_unsigned_tensors_torch_cannot_pickle_pickle_with_their_dtype_and_key(
+    dtype: str, protocol: int
+) -> None:
+    # torch (2.14) has no typed storage for these, and its pickle raised AttributeError.
+    torch = pytest.importorskip("torch")
+    big = torch.full((3, 2), 40_000, dtype=torch.int64).to(getattr(torch, dtype))
+    record = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": [big, big.T, torch.zeros((0, 2), dtype=big.dtype)]},
+        mm_processor_kwargs={"mask": big},  # an option: the caller's tensor, kept as given
+    )
+    again = pickle.loads(pickle.dumps(record, protocol))
+    assert again == record
+    hasher = MediaHasher("m")
+    assert media_keys(again, hasher) == media_keys(record, hasher)
+    option = again.mm_processor_kwargs["mask"]  # type: ignore[index]
+    assert option.dtype == big.dtype and option.shape == big.shape and torch.equal(option, big)

@@ -230,7 +230,7 @@ BAD_ARGUMENTS = [
     (lambda: S.arrays(max_dims=-1), "max_dims=-1 must be >= 0"),
     (lambda: S.arrays(min_dims=3, max_dims=2), "max_dims=2 must be >= min_dims=3"),
     (lambda: S.arrays(max_side=2.5), "max_side=2.5 must be an int, got float"),
-    (lambda: S.tensors(dtypes=["uint16"]), "dtypes contains 'uint16'"),
+    (lambda: S.tensors(dtypes=["float8_e4m3fn"]), "dtypes contains 'float8_e4m3fn'"),
     (lambda: S.videos(max_frames=0), "max_frames=0 must be >= 1"),
     (lambda: S.audios(sample_rates=[]), "sample_rates must not be empty"),
     (lambda: S.media_items("text"), "modality='text'"),
