@@ -286,6 +286,47 @@ def immutable_array(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return frozen_array(bytes(plain.reshape(-1).view(np.uint8).data), plain.dtype, array.shape)
 
 
+def beyond_unicode(value: np.ndarray[Any, Any] | np.generic) -> tuple[int, tuple[int, ...], int] | None:
+    """The first code point beyond U+10FFFF in ``value``'s text (its ``U`` fields too), as
+    (code point, element's index, index in the element), or None.
+
+    A ``U`` array holds any 32-bit values (``np.frombuffer`` makes one from any bytes);
+    numpy reads such an element as a broken ``str``, or raises ``SystemError``.
+    """
+    array = np.asarray(value)  # a structured scalar's fields read as str: an array's do not
+    dtype = array.dtype
+    if dtype.names is not None:
+        for name in dtype.names:
+            found = beyond_unicode(array[name])
+            if found is not None:
+                return found
+        return None
+    if dtype.kind != "U" or dtype.itemsize == 0 or array.size == 0:
+        return None
+    # Viewed with the same item size, so no element is read as str, whatever the strides.
+    codes: np.ndarray[Any, Any] = array.view(np.dtype((f"{dtype.str[0]}u4", (dtype.itemsize // 4,))))
+    beyond = codes > 0x10FFFF
+    if not beyond.any():
+        return None
+    where = tuple(int(i) for i in np.unravel_index(int(np.argmax(beyond)), beyond.shape))
+    return int(codes[where]), where[:-1], where[-1]
+
+
+def check_code_points(value: np.ndarray[Any, Any] | np.generic, path: str) -> None:
+    """Refuse an array (or structured scalar) whose text holds a code point beyond U+10FFFF."""
+    found = beyond_unicode(value)
+    if found is not None:
+        raise InvalidPromptError(path, beyond_unicode_message(value.dtype, *found))
+
+
+def beyond_unicode_message(dtype: np.dtype[Any], code: int, element: tuple[int, ...], index: int) -> str:
+    where = f" of element {element}" if element else ""
+    return (
+        f"a numpy {dtype} value holds the code point U+{code:04X} at index {index}{where}, beyond "
+        "U+10FFFF: it is not Unicode (numpy reads it as a broken str, or raises SystemError)"
+    )
+
+
 def _exact_scalar(value: object, path: str) -> object:
     """A str, bytes, int or float as exactly that built-in type, checked.
 
@@ -331,6 +372,7 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
         if value.dtype.hasobject or value.dtype.itemsize == 0:
             raise PromptTypeError(path, f"numpy scalars of dtype {value.dtype} cannot be hashed")
         if isinstance(value, np.void):  # a view into the caller's structured array: own a copy
+            check_code_points(value, path)
             frozen_void: Any = immutable_array(np.array(value))[()]
             return frozen_void
         return value
@@ -348,6 +390,7 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
             raise PromptTypeError(path, "numpy arrays of dtype object cannot be hashed; use a numeric dtype")
         if array.dtype.itemsize == 0:
             raise PromptTypeError(path, f"arrays of dtype {array.dtype} hold no bytes to key")
+        check_code_points(array, path)
         return immutable_array(array)
     if kind is MediaKind.TENSOR:
         given_back = given_back_tensor(value)  # an untouched hand-out: its seal, no copy
@@ -461,6 +504,8 @@ def freeze_option(value: object, path: str, depth: int = 0) -> object:
     if isinstance(value, str):
         check_text(path, str.__str__(value))
         return value
+    if isinstance(value, (np.ndarray, np.void)):
+        check_code_points(value, path)
     if isinstance(value, np.ndarray):
         return value if value.dtype.hasobject or value.dtype.itemsize == 0 else immutable_array(value)
     if isinstance(value, (bytearray, memoryview)):

@@ -28,6 +28,7 @@ from ._media import (
     FrozenDict,
     MediaKind,
     apply_palette_state,
+    check_code_points,
     check_text,
     freeze_media,
     freeze_option,
@@ -204,6 +205,8 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
 
 def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
     """A modality's value as the record's checked, frozen list of items."""
+    if isinstance(data, np.ndarray):  # before splitting reads its elements
+        check_code_points(data, where)
     # A pvector is a list of items already (a record's own); anything else is read
     # the way vLLM reads it, so single items and lists give the same record.
     items = data if isinstance(data, PVector) else _split_items(modality, data)
@@ -378,6 +381,8 @@ def _as_token_ids(path: str, value: object) -> PVector[int]:
         or (isinstance(value, np.ndarray) and value.ndim != 1)
     ):
         raise PromptTypeError(path, f"must be a list of int, got {type_name(value)}")
+    if isinstance(value, np.ndarray):  # before reading its elements
+        check_code_points(value, path)
     ids = []
     for i, token in enumerate(value):
         if isinstance(token, bool):

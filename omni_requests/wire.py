@@ -64,6 +64,8 @@ from ._media import (  # the caller's modality order: a PMap iterates in its own
     PALETTE_MODES,
     PALETTE_RAWMODES,
     apply_palette_state,
+    beyond_unicode,
+    beyond_unicode_message,
     frozen_array,
     is_pil_image,
     is_torch_tensor,
@@ -482,12 +484,12 @@ class _Reader:
             dtype = _read_dtype(text, path)
             _check_array_size(dtype, shape, raw, path)
             # Over bytes only the decoder made: a record takes it without a copy.
-            return frozen_array(raw, dtype, tuple(shape))
+            return _text_checked(frozen_array(raw, dtype, tuple(shape)), path)
         if code == _SCALAR and len(args) == 2 and type(args[1]) is bytes:
             dtype = _read_dtype(args[0], path)
             if len(args[1]) != dtype.itemsize:
                 raise WireError(path, f"a {dtype} scalar has {dtype.itemsize} bytes, not {len(args[1])}")
-            return np.frombuffer(args[1], dtype)[0]
+            return _text_checked(np.frombuffer(args[1], dtype).reshape(()), path)[()]
         if code == _TENSOR and _shaped(args, path):
             return _read_tensor(*args, path=path)
         if code == _IMAGE:
@@ -600,6 +602,14 @@ def _read_dtype(text: object, path: str) -> np.dtype[Any]:
     if dtype.str != text or dtype.itemsize == 0 or dtype.hasobject or dtype.fields is not None:
         raise WireError(path, f"{text!r} is not a plain numpy dtype")
     return dtype
+
+
+def _text_checked(array: np.ndarray[Any, Any], path: str) -> np.ndarray[Any, Any]:
+    # numpy raises SystemError reading such text (a scalar as it is made): refused first.
+    found = beyond_unicode(array)
+    if found is not None:
+        raise WireError(path, beyond_unicode_message(array.dtype, *found))
+    return array
 
 
 def _count(shape: list[int]) -> int:

@@ -29,6 +29,7 @@ from omni_requests import (
     MediaHasher,
     PromptTypeError,
     TextPrompt,
+    TokensPrompt,
     rendered_uuids,
     scope_to_replica,
 )
@@ -504,8 +505,9 @@ def _beyond_unicode() -> Any:
         ),
         (
             # A custom modality: a str as image, video or audio is refused as no media at all.
+            # The whole array, before splitting it reads the elements (numpy can raise then).
             lambda: from_vllm({"prompt": "", "multi_modal_data": {"caption": np.array([_beyond_unicode()])}}),
-            "$.multi_modal_data.caption[0]",
+            "$.multi_modal_data.caption",
         ),
         (
             lambda: TextPrompt(prompt="x", mm_processor_kwargs={"mode": _beyond_unicode()}),
@@ -517,7 +519,68 @@ def _beyond_unicode() -> Any:
 def test_code_points_beyond_unicode_are_refused_by_name(build: Any, path: str) -> None:
     # Accepted, such a record pickled into bytes that pickle.loads refuses (a draw of the
     # fuzz run found it: tests/reliability/test_fuzz.py).
-    with pytest.raises(InvalidPromptError, match="beyond U\\+10FFFF at index 2") as caught:
+    with pytest.raises(InvalidPromptError, match="at index 2") as caught:
+        build()
+    assert "beyond U+10FFFF" in str(caught.value)
+    assert caught.value.path == path
+
+
+def _unreadable_text(dtype: str = "<U1", shape: tuple[int, ...] = (2,)) -> Any:
+    # A first character beyond U+10FFFF: numpy raises SystemError reading the element.
+    count = int(np.prod(shape)) * np.dtype(dtype).itemsize // 4
+    order = "little" if dtype[0] == "<" else "big"
+    return np.frombuffer(0x110000.to_bytes(4, order) * count, dtype).reshape(shape)
+
+
+def _unreadable_fields() -> Any:
+    fields = np.zeros(2, dtype=[("n", "<i4"), ("t", "<U1", (2,))])
+    fields.view("<u4")[4] = 0x110000  # row 1, t[1]
+    return fields
+
+
+@pytest.mark.parametrize(
+    ("build", "path"),
+    [
+        (
+            lambda: TextPrompt(prompt="x", multi_modal_data={"image": _unreadable_text(shape=(1, 1, 2))}),
+            "$.multi_modal_data.image",
+        ),
+        (
+            lambda: TextPrompt(prompt="x", multi_modal_data={"caption": _unreadable_text(">U1")}),
+            "$.multi_modal_data.caption",
+        ),
+        (
+            lambda: TextPrompt(prompt="x", multi_modal_data={"caption": [{"t": _unreadable_text()[::2]}]}),
+            "$.multi_modal_data.caption[0].t",
+        ),
+        (
+            lambda: TextPrompt(prompt="x", multi_modal_data={"caption": [_unreadable_fields()[1]]}),
+            "$.multi_modal_data.caption[0]",
+        ),
+        (
+            lambda: TextPrompt(prompt="x", mm_processor_kwargs={"t": _unreadable_text()}),
+            "$.mm_processor_kwargs.t",
+        ),
+        (
+            lambda: TextPrompt(prompt="x", additional_information={"t": [_unreadable_fields()]}),
+            "$.additional_information.t[0]",
+        ),
+        (lambda: TokensPrompt(prompt_token_ids=_unreadable_text()), "$.prompt_token_ids"),
+    ],
+    ids=[
+        "image",
+        "big-endian-modality",
+        "strided-in-item",
+        "structured-scalar",
+        "option",
+        "structured-option",
+        "token-ids",
+    ],
+)
+def test_numpy_text_numpy_cannot_read_is_refused_before_anything_reads_it(build: Any, path: str) -> None:
+    # Splitting a modality or reading token ids raised numpy's SystemError; options took
+    # such arrays, and the record's repr raised it later.
+    with pytest.raises(InvalidPromptError, match=r"U\+110000 at index 0.* beyond U\+10FFFF") as caught:
         build()
     assert caught.value.path == path
 

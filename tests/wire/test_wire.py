@@ -34,6 +34,10 @@ from ._plain import picture, plain
 HASHER = MediaHasher("/models/wire")
 
 
+def _tag(code: int) -> msgspec.msgpack.Ext:
+    return msgspec.msgpack.Ext(code, b"")
+
+
 def _round_trip(record: Any) -> Any:
     back = decode(encode(record))
     assert back == record
@@ -312,6 +316,34 @@ def test_malformed_arrays_are_refused(array: list[Any], why: str) -> None:
     with pytest.raises(WireError, match=why) as caught:
         decode(msgspec.msgpack.encode(tree))
     assert caught.value.path == "$.multi_modal_data.image[0]"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "path"),
+    [
+        (
+            "multi_modal_data",
+            [["image", [[_tag(5), "<U1", b"\xff\xff\xff\xff"]]]],
+            "$.multi_modal_data.image[0]",
+        ),
+        ("mm_processor_kwargs", {"a": [_tag(5), ">U1", b"\x00\x11\x00\x00"]}, "$.mm_processor_kwargs.a"),
+        (
+            "mm_processor_kwargs",
+            {"a": [_tag(4), "<U2", [2], b"a\x00\x00\x00" * 3 + b"\x00\x00\x11\x00"]},
+            "$.mm_processor_kwargs.a",
+        ),
+    ],
+    ids=["media-scalar", "option-scalar", "option-array"],
+)
+def test_numpy_text_beyond_unicode_is_a_wire_error_naming_its_path(field: str, value: Any, path: str) -> None:
+    # Decoding such a scalar raised numpy's SystemError; such an array decoded, and
+    # raised it at its first read.
+    message = msgspec.msgpack.encode(
+        ["omni-requests", WIRE_VERSION, [_tag(1), "text", {"prompt": "x", field: value}]]
+    )
+    with pytest.raises(WireError, match=r"beyond U\+10FFFF") as caught:
+        decode(message)
+    assert caught.value.path == path
 
 
 def test_values_without_a_wire_form_name_their_path() -> None:
