@@ -179,8 +179,9 @@ def decode(
 
     Raises :class:`WireError` (:class:`WireVersionError` for another version) for bytes
     that are not such a message, and the records' own errors for values they refuse;
-    nothing else. Messages over ``max_bytes`` are refused before they are read, and
-    values nested deeper than ``max_depth``.
+    nothing else. Messages over ``max_bytes`` are refused before they are read, images
+    whose decoded pixels take more than ``max_bytes`` together (a mode ``1`` pixel is a
+    bit in the message, a byte decoded), and values nested deeper than ``max_depth``.
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PromptTypeError("$", f"must be bytes, got {type(data).__qualname__}")
@@ -208,7 +209,7 @@ def decode(
         raise WireError("$", f"a version {WIRE_VERSION} message has 3 parts, this one {len(header)}")
     try:
         tree = msgspec.msgpack.decode(header[2])
-        record: Prompt = _Reader(max_depth).record(tree, "$", 0)
+        record: Prompt = _Reader(max_depth, max_bytes).record(tree, "$", 0)
         return record
     except OmniRequestsError:
         raise
@@ -372,9 +373,12 @@ def _nested_path(path: str, error: OmniRequestsError) -> OmniRequestsError:
     return error.under(path)
 
 
-@attrs.frozen
+@attrs.define
 class _Reader:
     max_depth: int
+    max_bytes: int
+    pixels: int = 0
+    """Bytes of pixels the message's images take once decoded, so far."""
 
     def record(self, tree: object, path: str, depth: int) -> Any:
         if not (type(tree) is list and len(tree) == 3 and _is_tag(tree[0], _RECORD)):
@@ -547,6 +551,15 @@ class _Reader:
         if len(pixels) != line * height:
             raise WireError(
                 path, f"a {mode} image of {width}x{height} has {line * height} bytes, not {len(pixels)}"
+            )
+        # A mode 1 pixel is a bit in the message but a byte once decoded (and keying reads
+        # more): counted as decoded, its images cannot make a message 8 times its size.
+        self.pixels += width * height * len(probe)
+        if self.pixels > self.max_bytes:
+            raise WireError(
+                path,
+                f"the message's images decode to {self.pixels} bytes of pixels, over "
+                f"max_bytes={self.max_bytes} (a mode 1 pixel is one bit here, one byte decoded)",
             )
         image = (
             Image.frombytes(mode, (width, height), pixels)

@@ -299,6 +299,24 @@ def test_sizes_and_depths_are_bounded() -> None:
         decode(very_deep)
 
 
+def test_images_count_their_decoded_pixels_against_max_bytes() -> None:
+    # A mode 1 pixel is a bit in the message and a byte decoded: a message under
+    # max_bytes decoded to 8 times its size (and keying it took about 37 times).
+    bits = Image.frombytes("1", (64, 64), b"\x55" * 512)
+    gray = Image.frombytes("L", (32, 16), b"\x55" * 512)  # the same 512 bytes of pixels
+    for image in (bits, gray):
+        assert len(encode(TextPrompt(prompt="x", multi_modal_data={"image": image}))) < 1000
+    assert decode(encode(TextPrompt(prompt="x", multi_modal_data={"image": gray})), max_bytes=2000)
+    with pytest.raises(WireError, match="decode to 4096 bytes of pixels, over max_bytes=2000") as caught:
+        decode(encode(TextPrompt(prompt="x", multi_modal_data={"image": bits})), max_bytes=2000)
+    assert caught.value.path == "$.multi_modal_data.image[0]"
+    assert decode(encode(TextPrompt(prompt="x", multi_modal_data={"image": bits})), max_bytes=4200)
+    two = encode(TextPrompt(prompt="x", multi_modal_data={"image": [bits, bits]}))  # counted together
+    with pytest.raises(WireError, match="decode to 8192 bytes") as caught:
+        decode(two, max_bytes=8000)
+    assert caught.value.path == "$.multi_modal_data.image[1]"
+
+
 @pytest.mark.parametrize(
     ("array", "why"),
     [
