@@ -1048,8 +1048,9 @@ def _restore_tensor(name: str, shape: tuple[int, ...], raw: bytes, device: str) 
 def pickle_form(value: Any) -> Any:
     """``value`` with its arrays, unsealed images and the tensors torch cannot pickle
     wrapped in their pickle forms (above)."""
-    # Object arrays (allowed in options, never in media) hold pointers, not bytes.
-    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+    # Object arrays (allowed in options, never in media) hold pointers, not bytes; arrays
+    # of a dtype of no bytes (V0, in options) cannot be made over bytes: numpy pickles both.
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject and value.dtype.itemsize:
         return _ArrayPickle(value)
     if is_torch_tensor(value) and str(value.dtype) in _TENSOR_PICKLE_DTYPES and _plain_tensor(value):
         return _TensorPickle(value)

@@ -161,6 +161,20 @@ def test_object_arrays_in_options_pickle_by_value() -> None:
     )
 
 
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_option_arrays_of_a_dtype_of_no_bytes_pickle_and_deep_copy(protocol: int) -> None:
+    # Rebuilt over bytes like other arrays, they pickled into bytes pickle.loads refused
+    # (numpy makes no array of item size 0 over a buffer), and copy.deepcopy failed.
+    empty = np.empty(3, dtype="V0")
+    fields = np.zeros(2, dtype=[("a", ">i4", (0,))])
+    record = TextPrompt(prompt="x", mm_processor_kwargs={"a": empty}, additional_information={"b": [fields]})
+    for again in (pickle.loads(pickle.dumps(record, protocol)), copy.deepcopy(record)):
+        assert again == record
+        option = again.mm_processor_kwargs["a"]  # type: ignore[index]
+        assert (option.dtype, option.shape) == (empty.dtype, empty.shape)
+        assert again.additional_information["b"][0].dtype == fields.dtype  # type: ignore[index]
+
+
 class _RaisingEquality:
     def __eq__(self, other: object) -> bool:
         raise RuntimeError("no comparing me")
