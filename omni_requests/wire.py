@@ -209,6 +209,7 @@ def decode(
         raise WireError("$", f"a version {WIRE_VERSION} message has 3 parts, this one {len(header)}")
     try:
         tree = msgspec.msgpack.decode(header[2])
+        _RepeatedKeys(header[2]).check()
         record: Prompt = _Reader(max_depth, max_bytes).record(tree, "$", 0)
         return record
     except OmniRequestsError:
@@ -653,3 +654,137 @@ def _check_array_size(dtype: np.dtype[Any], shape: list[int], raw: bytes, path: 
         raise WireError(
             path, f"an array of {dtype} and shape {tuple(shape)} has {_count(shape) * dtype.itemsize} bytes"
         )
+
+
+# -- repeated map keys ----------------------------------------------------------------
+
+# Bytes after the type byte of msgpack's fixed-size values (nil, bools, numbers, fixext).
+_FIXED: Final = {
+    0xC0: 0, 0xC2: 0, 0xC3: 0, 0xCA: 4, 0xCB: 8, 0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8,
+    0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8, 0xD4: 2, 0xD5: 3, 0xD6: 5, 0xD7: 9, 0xD8: 17,
+}  # fmt: skip
+# Bytes of the length after the type byte of a str (first three), bin or ext; an ext's
+# code follows its length.
+_SIZED: Final = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4, 0xC7: 1, 0xC8: 2, 0xC9: 4}
+_STRS: Final = frozenset({0xD9, 0xDA, 0xDB})
+_EXTS: Final = frozenset({0xC7, 0xC8, 0xC9})
+_IS_MAP, _IS_LIST, _IS_STR, _IS_OTHER = range(4)
+_AS_VALUE, _AS_FIELDS, _AS_ROWS, _AS_EXTRAS = range(4)  # what a container is, for its children's paths
+_ROW_FIELDS: Final = frozenset({"multi_modal_data", "multi_modal_uuids"})
+
+
+class _RepeatedKeys:
+    """Refuses a map that repeats a key, naming it by the path the reader gives its value.
+
+    msgspec keeps the last of repeated keys, where another reader may keep the first: such
+    a message means two things. This walks the message's msgpack (already decoded once, so
+    well-formed), skipping strings and buffers by their length.
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: msgspec.Raw) -> None:
+        self.data = memoryview(data)
+
+    def check(self) -> None:
+        self.walk(0, "$", _AS_VALUE)
+
+    def head(self, pos: int) -> tuple[int, int, int]:
+        """What the value at ``pos`` is, its count (a map or list) or its contents' size, and
+        where its contents start; a scalar's contents are empty and start at its end."""
+        data = self.data
+        b = data[pos]
+        if b < 0x80 or b >= 0xE0:
+            return _IS_OTHER, 0, pos + 1
+        if b < 0x90:
+            return _IS_MAP, b & 0x0F, pos + 1
+        if b < 0xA0:
+            return _IS_LIST, b & 0x0F, pos + 1
+        if b < 0xC0:
+            return _IS_STR, b & 0x1F, pos + 1
+        if b in (0xDC, 0xDD, 0xDE, 0xDF):
+            width = 2 if b in (0xDC, 0xDE) else 4
+            count = int.from_bytes(data[pos + 1 : pos + 1 + width], "big")
+            return _IS_LIST if b < 0xDE else _IS_MAP, count, pos + 1 + width
+        length = _SIZED.get(b)
+        if length is None:
+            return _IS_OTHER, 0, pos + 1 + _FIXED[b]
+        size = int.from_bytes(data[pos + 1 : pos + 1 + length], "big") + (b in _EXTS)
+        return _IS_STR if b in _STRS else _IS_OTHER, size, pos + 1 + length
+
+    def walk(self, pos: int, path: str, role: int) -> int:
+        """Check the value at ``pos``, whose path the reader gives as ``path``; where it ends."""
+        kind, count, start = self.head(pos)
+        if kind == _IS_MAP:
+            return self.map(start, count, path, role)
+        if kind == _IS_LIST:
+            return self.rows(start, count, path) if role == _AS_ROWS else self.list(start, count, path)
+        return start + count
+
+    def list(self, pos: int, count: int, path: str) -> int:
+        data = self.data
+        tag = data[pos + 2] if count and data[pos] == 0xC7 and data[pos + 1] == 0 else None  # an empty Ext
+        for i in range(count):
+            b = data[pos]
+            if b < 0x80 or b >= 0xE0:  # scalars first, with no path made: token ids are lists of ints
+                pos += 1
+                continue
+            fixed = _FIXED.get(b)
+            if fixed is not None:
+                pos += 1 + fixed
+                continue
+            if tag is None:
+                pos = self.walk(pos, f"{path}[{i}]", _AS_VALUE)
+            elif tag == _RECORD and i == 2:
+                pos = self.walk(pos, path, _AS_FIELDS)
+            elif tag == _TUPLE and i:
+                pos = self.walk(pos, f"{path}[{i - 1}]", _AS_VALUE)
+            else:
+                pos = self.walk(pos, path, _AS_EXTRAS if tag == _IMAGE and i == 6 else _AS_VALUE)
+        return pos
+
+    def rows(self, pos: int, count: int, path: str) -> int:
+        """Media rows, ``[modality, items]``, whose items' paths are ``path.modality[j]``."""
+        for i in range(count):
+            kind, size, start = self.head(pos)
+            first, length, text = self.head(start) if kind == _IS_LIST and size == 2 else (_IS_OTHER, 0, 0)
+            if first != _IS_STR:
+                pos = self.walk(pos, f"{path}[{i}]", _AS_VALUE)
+                continue
+            where = f"{path}.{bytes(self.data[text : text + length]).decode()}"
+            kind, size, start = self.head(text + length)
+            if kind != _IS_LIST:
+                pos = self.walk(text + length, where, _AS_VALUE)
+                continue
+            pos = start
+            for j in range(size):
+                pos = self.walk(pos, f"{where}[{j}]", _AS_VALUE)
+        return pos
+
+    def map(self, pos: int, count: int, path: str, role: int) -> int:
+        seen: set[object] = set()
+        for _ in range(count):
+            kind, size, start = self.head(pos)
+            key: object
+            if kind == _IS_STR:
+                key, pos = bytes(self.data[start : start + size]).decode(), start + size
+            else:  # not a str, which the reader refuses; compared by its bytes
+                end = self.walk(pos, path, _AS_VALUE)
+                key, pos = bytes(self.data[pos:end]), end
+            where, inner = _child(path, role, key)
+            if key in seen:
+                raise WireError(where, f"the key {key!r} appears twice in one map (a reader may take either)")
+            seen.add(key)
+            pos = self.walk(pos, where, inner)
+        return pos
+
+
+def _child(path: str, role: int, key: object) -> tuple[str, int]:
+    """The path and role the reader gives the value under ``key`` of a map at ``path``."""
+    if type(key) is not str:
+        return path, _AS_VALUE
+    if role == _AS_FIELDS:
+        return f"{path}.{key}", _AS_ROWS if key in _ROW_FIELDS else _AS_VALUE
+    if role == _AS_EXTRAS:
+        return (f"{path}.info.transparency" if key == "transparency" else path), _AS_VALUE
+    return f"{path}.{key}", _AS_VALUE

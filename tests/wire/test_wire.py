@@ -364,6 +364,67 @@ def test_numpy_text_beyond_unicode_is_a_wire_error_naming_its_path(field: str, v
     assert caught.value.path == path
 
 
+def _repeating(record: Any, key: str, value: object, where: Any) -> bytes:
+    """``record``'s message with ``key`` given twice in the map ``where(tree)``, the second
+    time with ``value``: msgspec, which writes no such map, writes a stand-in, replaced."""
+    tree = msgspec.msgpack.decode(encode(record))
+    stand_in = key[:-1] + "\x7f"
+    where(tree)[stand_in] = value
+    message = msgspec.msgpack.encode(tree)
+    assert message.count(msgspec.msgpack.encode(stand_in)) == 1
+    return message.replace(msgspec.msgpack.encode(stand_in), msgspec.msgpack.encode(key))
+
+
+_IMAGE = Image.new("P", (2, 2))
+_IMAGE.info["transparency"] = 3
+
+
+@pytest.mark.parametrize(
+    ("record", "key", "where", "path"),
+    [
+        (TextPrompt(prompt="x"), "prompt", lambda t: t[2][2], "$.prompt"),
+        (
+            EncoderDecoderPrompt(
+                encoder_prompt=TextPrompt(prompt="a"), decoder_prompt=TextPrompt(prompt="b")
+            ),
+            "prompt",
+            lambda t: t[2][2]["decoder_prompt"][2],
+            "$.decoder_prompt.prompt",
+        ),
+        (
+            TextPrompt(prompt="x", mm_processor_kwargs={"a": [{"fps": 1}]}),
+            "fps",
+            lambda t: t[2][2]["mm_processor_kwargs"]["a"][0],
+            "$.mm_processor_kwargs.a[0].fps",
+        ),
+        (
+            TextPrompt(
+                prompt="x", multi_modal_data={"video": (np.zeros((1, 2, 2, 3), np.uint8), {"fps": 2.0})}
+            ),
+            "fps",
+            lambda t: t[2][2]["multi_modal_data"][0][1][0][2],
+            "$.multi_modal_data.video[0][1].fps",
+        ),
+        (
+            TextPrompt(prompt="x", multi_modal_data={"image": _IMAGE}),
+            "transparency",
+            lambda t: t[2][2]["multi_modal_data"][0][1][0][6],
+            "$.multi_modal_data.image[0].info.transparency",
+        ),
+    ],
+    ids=["field", "nested-field", "option", "video-metadata", "image-transparency"],
+)
+def test_a_key_given_twice_in_a_map_is_a_wire_error_naming_it(
+    record: Any, key: str, where: Any, path: str
+) -> None:
+    # msgspec kept the last value silently; another reader may keep the first, so the
+    # message means two things.
+    message = _repeating(record, key, 0, where)
+    with pytest.raises(WireError, match=f"the key '{key}' appears twice") as caught:
+        decode(message)
+    assert caught.value.path == path
+
+
 def test_values_without_a_wire_form_name_their_path() -> None:
     record = TextPrompt(prompt="x", additional_information={"callback": {"fn": print}})
     with pytest.raises(PromptTypeError) as caught:
