@@ -72,6 +72,7 @@ from ._media import (  # the caller's modality order: a PMap iterates in its own
     palette_state,
     plain_map,
 )
+from ._media_bytes import is_media_with_bytes
 from ._sealed import current
 
 __all__ = [
@@ -294,6 +295,12 @@ def _value_tree(value: Any, path: str) -> Any:
         return _tensor_tree(current(value), path)  # a record's view: the bytes it sealed
     if is_pil_image(value):
         return _image_tree(current(value), path)
+    if is_media_with_bytes(value):
+        raise PromptTypeError(
+            path,
+            "vLLM's MediaWithBytes (an item loaded from its encoded bytes, keyed by those bytes) has no "
+            "wire form; send the encoded bytes and load them where the record is built",
+        )
     raise PromptTypeError(
         path,
         f"{_name(value)} has no wire form; values may be None, bool, int, float, str, bytes, lists, "

@@ -227,6 +227,31 @@ def test_media_vllm_cannot_key_is_refused_with_the_field() -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("modality", "item", "path"),
+    [
+        ("image", MediaWithBytes(Image.new("RGB", (4, 4)), b"PNG"), "$.multi_modal_data.image[0]"),
+        (
+            "video",
+            MediaWithBytes((np.zeros((2, 4, 4, 3), np.uint8), {"fps": 2.0}), b"MP4"),
+            "$.multi_modal_data.video[0][0]",  # stored as vLLM's parser splits it
+        ),
+    ],
+    ids=["image", "video-with-metadata"],
+)
+def test_the_wire_format_refuses_it_by_name(modality: str, item: Any, path: str) -> None:
+    # Its key is vLLM's hash of the encoded bytes, which no wire form of the decoded
+    # item could give the receiver; the error named our private subclass and listed
+    # the values that travel instead.
+    pytest.importorskip("msgspec")
+    from omni_requests.wire import encode
+
+    record = TextPrompt(prompt=f"<{modality}>", multi_modal_data={modality: item})
+    with pytest.raises(PromptTypeError, match=r"vLLM's MediaWithBytes .* has no wire form") as caught:
+        encode(record)
+    assert caught.value.path == path
+
+
 # -- the engine's own keys and tokens --
 
 
