@@ -133,8 +133,8 @@ def chat_to_prompt(
 ) -> TextPrompt | TokensPrompt:
     """The prompt record for OpenAI-style chat ``messages``.
 
-    **With vLLM** (``renderer=`` a vLLM renderer, e.g. ``LLM(...).renderer`` or
-    ``renderer_from_config(vllm_config)``): the messages go through vLLM's own chat code
+    **With vLLM** (``renderer=`` an ``LLM``, or a vLLM renderer, e.g. ``LLM(...).renderer``
+    or ``renderer_from_config(vllm_config)``): the messages go through vLLM's own chat code
     exactly as ``LLM.chat`` sends them (its parser and media connector, the chat template,
     tokenization without added special tokens), and the result becomes a
     :class:`~omni_requests.TokensPrompt`. Every part vLLM accepts is accepted (``text``,
@@ -143,6 +143,9 @@ def chat_to_prompt(
     ``audio_embeds``, ``video_url``, ``video_embeds``, per-part ``uuid``), and ``name``,
     ``tool_calls`` and ``tool_call_id`` reach the template. ``to_vllm`` of the record fed to
     the same renderer gives vLLM's own prompt token ids, placeholders and ``mm_hashes``.
+    Given the ``LLM`` itself, its own ``chat_template`` (``LLM(chat_template=...)``) is the
+    default, as in ``LLM.chat``; a renderer alone renders with the tokenizer's template
+    unless ``chat_template=`` is given (pass ``chat_template=llm.chat_template``).
     Keyword options are ``LLM.chat``'s: ``chat_template``, ``chat_template_content_format``,
     ``chat_template_kwargs``, ``add_generation_prompt`` (default True),
     ``continue_final_message``, ``tools``, ``tokenization_kwargs``, ``mm_processor_kwargs``,

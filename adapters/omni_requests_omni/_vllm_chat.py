@@ -339,9 +339,17 @@ def chat_with_vllm(
     from omni_requests_vllm import from_vllm
 
     if not callable(getattr(renderer, "render_messages", None)):
-        raise PromptTypeError(
-            "$.renderer", f"must be a vLLM renderer (with render_messages), got {type_name(renderer)}"
-        )
+        inner = getattr(renderer, "renderer", None)
+        if not callable(getattr(inner, "render_messages", None)) or not hasattr(renderer, "chat_template"):
+            raise PromptTypeError(
+                "$.renderer",
+                f"must be a vLLM renderer (with render_messages) or an LLM, got {type_name(renderer)}",
+            )
+        # An LLM: LLM.chat renders with the template the LLM was built with where the
+        # call names none; its renderer alone cannot know that template.
+        if chat_template is None:
+            chat_template = renderer.chat_template
+        renderer = inner
     checked = _checked_messages(messages)
     params = _chat_params(
         renderer,

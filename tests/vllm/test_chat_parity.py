@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import copy
 import io
+import types
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +212,27 @@ def test_placeholders_go_before_the_text_unless_interleaved(renderer: Any) -> No
         ),
         renderer.render_cmpl([to_vllm(record)])[0],
     )
+
+
+def test_an_llm_renders_with_the_chat_template_it_was_built_with(renderer: Any) -> None:
+    # LLM.chat uses LLM(chat_template=...) where the call names none (vLLM's own
+    # _preprocess_chat reads llm.chat_template); given only the renderer, that template
+    # is unknown. Given the LLM (here the attributes _preprocess_chat reads of one),
+    # chat_to_prompt renders with it; a template named in the call still wins.
+    from vllm.entrypoints.common.offline import OfflineInferenceMixin
+
+    llm_template = "LLM-TEMPLATE " + TEMPLATE
+    llm = types.SimpleNamespace(
+        renderer=renderer, model_config=renderer.model_config, chat_template=llm_template
+    )
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _png_url(3)}}, "hi"]}]
+    (expected,) = OfflineInferenceMixin._preprocess_chat(llm, [copy.deepcopy(messages)])  # type: ignore[arg-type]
+    record = chat_to_prompt(messages, renderer=llm)
+    assert record.prompt is not None and record.prompt.startswith("LLM-TEMPLATE")
+    assert_same_rendering(expected, renderer.render_cmpl([to_vllm(record)])[0])
+    named = chat_to_prompt(messages, renderer=llm, chat_template=TEMPLATE)
+    assert named.prompt is not None and not named.prompt.startswith("LLM-TEMPLATE")
+    assert named == chat_to_prompt(messages, renderer=renderer, chat_template=TEMPLATE)
 
 
 @pytest.mark.parametrize("suffix", sorted(VIDEO_FORMATS))
