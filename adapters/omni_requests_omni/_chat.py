@@ -13,6 +13,7 @@ template you pass; it places media like vLLM but is not proven equal to any mode
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeAlias, overload
 
@@ -165,7 +166,9 @@ def chat_to_prompt(
     (default: :class:`DefaultLoader`) into ``multi_modal_data``, in order; a part's
     ``uuid`` becomes its ``multi_modal_uuids`` entry, and a part with a ``uuid`` and no
     media stands for an item the engine has cached. As in vLLM, a message's placeholders
-    (``placeholders``, one per item) come first, then its text parts joined with newlines;
+    (``placeholders``, one per item, grouped by modality) come first, then its non-empty
+    text parts joined with newlines; placeholders its text already holds are not added
+    again, and more of them than items are refused;
     ``template`` renders the turns into a :class:`~omni_requests.TextPrompt`. The
     template is yours, so the prompt is not proven equal to any model's; messages with
     ``name``, ``tool_calls`` or ``tool_call_id`` are refused (the stand-in's flat turns
@@ -271,9 +274,11 @@ def _stand_in(
             uuids.setdefault(modality, []).append(uuid)
             parts.setdefault(modality, []).append(at)
             marks.append(placeholders.get(modality, f"<{modality}>"))
-        # vLLM's default (interleave_mm_strings off): placeholders first, then the text.
-        text = "\n".join(texts)
-        conversation.append({"role": role, "content": "\n".join([*marks, text] if text else marks)})
+        # vLLM's default (interleave_mm_strings off): empty text parts dropped, then the
+        # placeholders the text does not already hold first, then the text.
+        text = "\n".join(t for t in texts if t)
+        missing = _missing_placeholders(marks, text, f"{where}.content")
+        conversation.append({"role": role, "content": "\n".join([*missing, text] if text else missing)})
     given = any(uuid is not None for row in uuids.values() for uuid in row)
     try:
         return TextPrompt(
@@ -285,6 +290,21 @@ def _stand_in(
         )
     except OmniRequestsError as error:  # an item's or UUID's error, named at its part
         raise at_part(error, parts) from None
+
+
+def _missing_placeholders(marks: list[str], text: str, path: str) -> list[str]:
+    """The message's placeholders its text does not hold already, as vLLM counts them."""
+    missing: list[str] = []
+    for mark, count in Counter(marks).items():
+        left = count - text.count(mark)
+        if left < 0:
+            raise InvalidPromptError(
+                path,
+                f"its text holds more {mark!r} placeholders than the message has items ({count}); "
+                "vLLM refuses it",
+            )
+        missing.extend([mark] * left)
+    return missing
 
 
 def _load(load: MediaLoader, modality: str, url: str, path: str) -> object:

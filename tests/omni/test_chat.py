@@ -79,8 +79,9 @@ def test_data_urls_of_each_modality_load_into_items_in_order() -> None:
     ]
     prompt = chat_to_prompt(messages)
     assert prompt.prompt == (
-        # vLLM's order: the message's placeholders first, then its text.
-        "<|system|>\nBe brief.\n<|user|>\n<image>\n<video>\n<audio>\n<image>\nCompare\n<|assistant|>\n"
+        # vLLM's order: the message's placeholders first, grouped by modality in the order
+        # each first appears (vLLM keeps them per modality), then its text.
+        "<|system|>\nBe brief.\n<|user|>\n<image>\n<image>\n<video>\n<audio>\nCompare\n<|assistant|>\n"
     )
     images = prompt.multi_modal_data["image"]
     assert [np.asarray(image).tolist() for image in images] == [
@@ -448,6 +449,43 @@ def test_the_stand_in_reads_text_like_parts_as_vllm_does_and_puts_placeholders_f
     )
     assert prompt.prompt == "<|user|>\n<image>\none\ntwo\nthree\nfour\n<|assistant|>\n"
     assert np.asarray(prompt.multi_modal_data["image"][0]).tolist() == image_array(1).tolist()
+
+
+@pytest.mark.parametrize(
+    ("texts", "items"),
+    [
+        (["what is <image> here", ""], 1),  # the text holds the placeholder: none added
+        (["<image> and", "", "more"], 2),  # one of two held: one added, empty part dropped
+        (["", ""], 2),
+        (["a <audio> b"], 1),  # another modality's placeholder is text to an image
+    ],
+)
+def test_the_stand_in_adds_only_missing_placeholders_and_drops_empty_text_as_vllm_does(
+    texts: list[str], items: int
+) -> None:
+    # It prepended one placeholder per item even where the text held it already (the
+    # model then saw two for one image) and kept empty text parts as blank lines.
+    parts: list[Any] = [
+        *({"type": "image_url", "image_url": data_url("image/png", png_bytes(i))} for i in range(items)),
+        *texts,
+    ]
+    prompt = chat_to_prompt([{"role": "user", "content": parts}])
+    # vLLM's own rule: its parser drops falsy parts, then combines (interleaving off).
+    chat_message = pytest.importorskip("vllm.renderers.chat_utils.chat_message")
+    content = chat_message.get_full_multimodal_text_prompt(
+        {"image": ["<image>"] * items}, [t for t in texts if t], interleave_strings=False
+    )
+    assert prompt.prompt == f"<|user|>\n{content}\n<|assistant|>\n"
+    assert content.count("<image>") == items
+
+
+def test_the_stand_in_refuses_more_placeholders_than_items_by_name() -> None:
+    with pytest.raises(
+        InvalidPromptError, match=r"^\$\.messages\[0\]\.content: .*more '<image>' placeholders"
+    ):
+        chat_to_prompt(
+            _user({"type": "image_url", "image_url": data_url("image/png", png_bytes(1))}, "<image> <image>")
+        )
 
 
 @pytest.mark.parametrize(
