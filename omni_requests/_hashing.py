@@ -669,7 +669,9 @@ class MediaHasher:
     def _content_key(self, modality: str, item: object, *, record: bool = True) -> str:
         # content_key for a modality already checked; by default of a record's item (a
         # record's view read as its seal), on every render's path.
-        if modality != "image":
+        if modality != "image" or is_media_with_bytes(item):
+            # A loaded image is keyed by its bytes, never by an in-memory EXIF ImageID
+            # (vLLM's hasher would; its parser drops the ID, as for a bare image).
             return self._cached("content", modality, item, self._pixels_digest, record=record)
         if is_pil_image(item):
             seal = seal_of(item) if record else None

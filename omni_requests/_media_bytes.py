@@ -239,10 +239,12 @@ def feed_media_with_bytes(update: _Update, value: Any, leaf: Callable[[_Update, 
 def _feed_leaf(
     update: _Update, media: Any, original: object, io_config: object, leaf: Callable[[_Update, object], None]
 ) -> None:
-    from ._hashing import _exif_image_id, _framed, _named
+    from ._hashing import _exif_image_id, _framed, _leaf, _named
 
     if _is_pil_image(media):
-        image_id = _exif_image_id(media)
+        # By its EXIF ImageID only on vLLM's own road (its hasher's key under image): a
+        # content key outside image and a fingerprint read the bytes, as for a bare image.
+        image_id = _exif_image_id(media) if leaf is _leaf else None
         if image_id is not None:
             _framed(update, image_id)
         elif io_config:

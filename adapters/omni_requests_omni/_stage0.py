@@ -267,7 +267,8 @@ def scope_stage0(
 
     Each media item is hashed at most once in a call: the keys a policy reads to route
     the request are the ones its dicts are rendered with (``one_request``), never kept
-    beyond the call; one object given in several dicts of the call is one item. A
+    beyond the call; one object given in several dicts of the call is one item, read once,
+    when the first of them is (changed by a later dict's own code, it is not read again). A
     record's keys are cached across calls (its arrays are immutable, its images and
     tensors sealed). A PIL image or tensor in a dict is the caller's own object, hashed
     in each call and handed on: changed during the call (by the policy, or by another

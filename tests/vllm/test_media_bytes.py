@@ -30,7 +30,7 @@ from vllm.multimodal.hasher import MultiModalHasher
 from vllm.multimodal.media import ImageMediaIO, MediaConnector, MediaWithBytes
 from vllm.multimodal.parse import MultiModalDataParser
 
-from omni_requests import MediaHasher, PromptTypeError, TextPrompt, scope_to_replica
+from omni_requests import KeyPolicy, MediaHasher, PromptTypeError, TextPrompt, scope_to_replica
 from omni_requests_vllm import from_vllm, to_vllm
 
 pytestmark = pytest.mark.vllm
@@ -127,6 +127,38 @@ def test_an_exif_image_id_on_the_decoded_image_is_the_key() -> None:
     loaded.media.getexif()[Image.ExifTags.Base.ImageID] = uuid.UUID(int=7)
     assert MediaHasher(MODEL).key("image", loaded) == vllm_key("image", loaded)
     assert vllm_key("image", loaded) == vllm_key("image", uuid.UUID(int=7).bytes)
+
+
+@pytest.mark.parametrize("modality", ["image", "video", "caption"])
+def test_loaded_images_sharing_an_image_id_get_their_own_content_keys_and_bindings(modality: str) -> None:
+    # vLLM's hasher keys both by the ID alone, but its parser drops the ID: two inputs.
+    # Fingerprints and content keys read the ID, so bind_content gave both one bound key
+    # under a user's UUID, and outside image one content key.
+    def loaded(shade: int) -> MediaWithBytes[Any]:
+        item = ImageMediaIO().load_bytes(encoded(Image.new("RGB", (16, 16), (shade,) * 3)))
+        item.media.getexif()[Image.ExifTags.Base.ImageID] = uuid.UUID(int=9)
+        return item
+
+    dark, light = loaded(0), loaded(255)
+    assert vllm_key("image", dark) == vllm_key("image", light)  # vLLM's own key: the ID
+    hasher = MediaHasher(MODEL)
+    assert hasher.fingerprint(modality, dark) != hasher.fingerprint(modality, light)
+    assert hasher.content_key(modality, dark) != hasher.content_key(modality, light)
+    policy = KeyPolicy(bind_content=True)
+    bound = {
+        to_vllm(
+            scope_to_replica(
+                TextPrompt(
+                    prompt="x", multi_modal_data={modality: [item]}, multi_modal_uuids={modality: ["u"]}
+                ),
+                0,
+                hasher=hasher,
+                policy=policy,
+            )
+        )["multi_modal_uuids"][modality][0]
+        for item in (dark, light)
+    }
+    assert len(bound) == 2
 
 
 # -- generated: images loaded by vLLM's own loader, every decode setting --
