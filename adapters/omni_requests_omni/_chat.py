@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, TypeAlias, overload
 
+import attrs
 from pyrsistent import pvector
 
 from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError, TextPrompt, TokensPrompt
@@ -48,6 +49,19 @@ _TEXT_PARTS: Final = {
     "refusal": "refusal",
     "thinking": "thinking",
 }
+# The fields vLLM reads a part by where it has a 'uuid' or no 'type', first match wins.
+_KEYED_PARTS: Final = (
+    "image_url",
+    "image_pil",
+    "image_embeds",
+    "audio_embeds",
+    "video_embeds",
+    "prompt_embeds",
+    "audio_url",
+    "input_audio",
+    "video_url",
+    "tool_reference",
+)
 # Message fields the stand-in's flat template cannot carry; vLLM's path gives them to the template.
 _VLLM_ONLY_FIELDS: Final = ("tool_calls", "tool_call_id", "name")
 
@@ -86,22 +100,35 @@ def _url_of(part_type: str, value: object, path: str) -> str | None:
     return value or None
 
 
-def _part_type(part: Mapping[str, Any], path: str) -> str:
+def _part_type(part: Mapping[str, Any], path: str) -> tuple[str, str]:
+    """The part's type as vLLM reads it, and the path to name when that type is unsupported."""
     part_type = part.get("type")
-    if part_type is None:  # vLLM accepts a part without 'type' that holds one media key
-        found = [name for name in ("text", *_MEDIA_PARTS) if name in part and name != "input_image"]
-        if len(found) != 1:
-            raise InvalidPromptError(path, "a content part needs a 'type'")
-        part_type = found[0]
+    if part_type is None or part.get("uuid") is not None:
+        # vLLM reads such a part by the first media field it holds, whatever its 'type'
+        # says, and refuses one that holds none (parse_chat_message_content_mm_part).
+        field = next(
+            (
+                name
+                for name in _KEYED_PARTS
+                if name in part and not (name == "audio_embeds" and part_type == "video_embeds")
+            ),
+            None,
+        )
+        if field is not None:
+            return field, f"{path}.{field}"
+        if part_type is None:
+            raise InvalidPromptError(
+                path, "a content part needs a 'type' or a media field ('image_url', ...); vLLM refuses it"
+            )
+        raise InvalidPromptError(
+            f"{path}.uuid",
+            "vLLM reads a part with a 'uuid' by its media field ('image_url', 'audio_url', "
+            "'input_audio', 'video_url') and refuses this one, which has none (a text part takes "
+            "no 'uuid'; a cached-only item gives its media field as null)",
+        )
     if not isinstance(part_type, str):
         raise PromptTypeError(f"{path}.type", f"must be a str, got {type_name(part_type)}")
-    if part_type not in _TEXT_PARTS and part_type not in _MEDIA_PARTS:
-        raise InvalidPromptError(
-            f"{path}.type",
-            f"unsupported content part {part_type!r} without vLLM; supported: "
-            f"{', '.join([*_TEXT_PARTS, *_MEDIA_PARTS])} (pass renderer= for every part vLLM accepts)",
-        )
-    return part_type
+    return part_type, f"{path}.type"
 
 
 _UNSET: Any = object()
@@ -164,8 +191,11 @@ def chat_to_prompt(
     **Without vLLM** (no ``renderer``), a small stand-in: ``image_url``, ``input_image``,
     ``video_url``, ``audio_url`` and ``input_audio`` parts are loaded with ``loader``
     (default: :class:`DefaultLoader`) into ``multi_modal_data``, in order; a part's
-    ``uuid`` becomes its ``multi_modal_uuids`` entry, and a part with a ``uuid`` and no
-    media stands for an item the engine has cached. As in vLLM, a message's placeholders
+    ``uuid`` becomes its ``multi_modal_uuids`` entry, and a part with a ``uuid`` whose
+    media field is null stands for an item the engine has cached. As in vLLM, a part with
+    a ``uuid`` or without a ``type`` is read by its first media field, whatever its
+    ``type``, and one with no media field is refused (a text part takes no ``uuid``); every
+    part is checked before any media is loaded. As in vLLM, a message's placeholders
     (``placeholders``, one per item, grouped by modality) come first, then its non-empty
     text parts joined with newlines; placeholders its text already holds are not added
     again, and more of them than items are refused;
@@ -223,11 +253,47 @@ def _stand_in(
     placeholders: Mapping[str, str],
     fields: Mapping[str, Any],
 ) -> TextPrompt:
+    # Every part is read and checked before any media is loaded or any record is built.
+    conversation, wanted = _read_messages(messages, placeholders)
     load = loader if loader is not None else DefaultLoader()
-    conversation: list[dict[str, str]] = []
     data: dict[str, list[object]] = {}
     uuids: dict[str, list[str | None]] = {}
     parts: dict[str, list[str]] = {}  # per modality, the path of each item's part
+    for item in wanted:
+        loaded = None if item.url is None else _load(load, item.modality, item.url, item.url_path)
+        data.setdefault(item.modality, []).append(loaded)
+        uuids.setdefault(item.modality, []).append(item.uuid)
+        parts.setdefault(item.modality, []).append(item.path)
+    given = any(uuid is not None for row in uuids.values() for uuid in row)
+    try:
+        return TextPrompt(
+            prompt=template(conversation),
+            # pvectors are taken as lists of items, never re-split the way a bare value is.
+            multi_modal_data={modality: pvector(items) for modality, items in data.items()},
+            multi_modal_uuids={modality: pvector(row) for modality, row in uuids.items()} if given else None,
+            **fields,
+        )
+    except OmniRequestsError as error:  # an item's or UUID's error, named at its part
+        raise at_part(error, parts) from None
+
+
+@attrs.frozen
+class _Wanted:
+    """One media item a message asks for: where it comes from, before it is loaded."""
+
+    modality: str
+    url: str | None  # None: only a uuid, an item the engine has cached
+    uuid: str | None
+    path: str  # the part
+    url_path: str  # the part's media field, named when loading fails
+
+
+def _read_messages(
+    messages: Sequence[Mapping[str, Any]], placeholders: Mapping[str, str]
+) -> tuple[list[dict[str, str]], list[_Wanted]]:
+    """The turns the template renders and the media items, in order, as vLLM's parser reads them."""
+    conversation: list[dict[str, str]] = []
+    wanted: list[_Wanted] = []
     for where, message, role in checked_roles(messages):
         for name in _VLLM_ONLY_FIELDS:
             if message.get(name) is not None:
@@ -252,7 +318,7 @@ def _stand_in(
                 continue
             if not isinstance(part, Mapping):
                 raise PromptTypeError(at, f"must be a content part object, got {type_name(part)}")
-            part_type = _part_type(part, at)
+            part_type, type_path = _part_type(part, at)
             if part_type in _TEXT_PARTS:
                 key = _TEXT_PARTS[part_type]
                 text = part.get(key)
@@ -262,6 +328,13 @@ def _stand_in(
                     raise PromptTypeError(f"{at}.{key}", f"must be a str, got {type_name(text)}")
                 texts.append(text)
                 continue
+            if part_type not in _MEDIA_PARTS:
+                raise InvalidPromptError(
+                    type_path,
+                    f"unsupported content part {part_type!r} without vLLM; supported: "
+                    f"{', '.join([*_TEXT_PARTS, *_MEDIA_PARTS])} "
+                    "(pass renderer= for every part vLLM accepts)",
+                )
             modality, key = _MEDIA_PARTS[part_type]
             uuid = part.get("uuid")
             if uuid is not None and (not isinstance(uuid, str) or not uuid):
@@ -269,27 +342,14 @@ def _stand_in(
             url = _url_of(part_type, part.get(key), f"{at}.{key}")
             if url is None and uuid is None:
                 raise InvalidPromptError(f"{at}.{key}", "gives no media and no uuid")
-            item = None if url is None else _load(load, modality, url, f"{at}.{key}")
-            data.setdefault(modality, []).append(item)
-            uuids.setdefault(modality, []).append(uuid)
-            parts.setdefault(modality, []).append(at)
+            wanted.append(_Wanted(modality, url, uuid, at, f"{at}.{key}"))
             marks.append(placeholders.get(modality, f"<{modality}>"))
         # vLLM's default (interleave_mm_strings off): empty text parts dropped, then the
         # placeholders the text does not already hold first, then the text.
         text = "\n".join(t for t in texts if t)
         missing = _missing_placeholders(marks, text, f"{where}.content")
         conversation.append({"role": role, "content": "\n".join([*missing, text] if text else missing)})
-    given = any(uuid is not None for row in uuids.values() for uuid in row)
-    try:
-        return TextPrompt(
-            prompt=template(conversation),
-            # pvectors are taken as lists of items, never re-split the way a bare value is.
-            multi_modal_data={modality: pvector(items) for modality, items in data.items()},
-            multi_modal_uuids={modality: pvector(row) for modality, row in uuids.items()} if given else None,
-            **fields,
-        )
-    except OmniRequestsError as error:  # an item's or UUID's error, named at its part
-        raise at_part(error, parts) from None
+    return conversation, wanted
 
 
 def _missing_placeholders(marks: list[str], text: str, path: str) -> list[str]:

@@ -203,7 +203,10 @@ def test_a_custom_loader_can_take_over_any_url() -> None:
             r"\.uuid: must be a non-empty str",
         ),
         ({"type": "file", "file": {}}, InvalidPromptError, r"\.type: unsupported content part 'file'"),
-        ({"text": "no type", "image_url": "x"}, InvalidPromptError, r": a content part needs a 'type'"),
+        ({"text": "no type"}, InvalidPromptError, r": a content part needs a 'type'"),
+        # vLLM reads a part with a uuid by its media field, whatever its type: none, refused.
+        ({"type": "text", "text": "a", "uuid": "u"}, InvalidPromptError, r"\.uuid: vLLM reads a part"),
+        ({"type": "image_url", "uuid": "u"}, InvalidPromptError, r"\.uuid: .*gives its media field as null"),
         ({"type": "text", "text": 3}, PromptTypeError, r"\.text: must be a str, got int"),
     ],
 )
@@ -212,6 +215,30 @@ def test_bad_parts_raise_with_the_path_of_the_part(
 ) -> None:
     with pytest.raises(error, match=r"^\$\.messages\[0\]\.content\[0\]" + ".*" + message):
         chat_to_prompt(_user(part))
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"text": "no type"},
+        {"type": "text", "text": "a", "uuid": "u"},
+        {"type": "file", "file": {}},
+        "<image> <image>",  # more placeholders than the message's one image
+    ],
+    ids=["no_type", "uuid_on_text", "unsupported", "too_many_placeholders"],
+)
+def test_a_bad_part_is_refused_before_any_media_is_loaded(part: object) -> None:
+    # The refusal came after the parts before it were loaded (a large video, say).
+    loaded: list[str] = []
+
+    def loader(modality: str, url: str) -> object:
+        loaded.append(modality)
+        return image_array(1)
+
+    image = {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(1))}}
+    with pytest.raises(InvalidPromptError, match=r"^\$\.messages\[1\]\.content"):
+        chat_to_prompt([*_user(image), *_user(image, part)], loader=loader)
+    assert loaded == []
 
 
 @pytest.mark.parametrize("uuid", ["stage0:rep1:cat", "tenant:acme:cat", "\ud800"])
@@ -259,7 +286,7 @@ def test_part_uuids_become_multi_modal_uuids_and_a_uuid_alone_is_a_cached_item()
         _user(
             {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(1))}, "uuid": "cat"},
             {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(2))}},
-            {"type": "image_url", "uuid": "seen-before"},
+            {"type": "image_url", "image_url": None, "uuid": "seen-before"},
             _audio_part(3, uuid="clip-3"),
         )
     )

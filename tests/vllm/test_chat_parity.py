@@ -46,9 +46,10 @@ from _chat_parity import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from vllm.exceptions import VLLMValidationError
 
 from omni_requests import InvalidPromptError
-from omni_requests_omni import MediaLoadError, chat_to_prompt
+from omni_requests_omni import DefaultLoader, MediaLoadError, chat_to_prompt
 from omni_requests_vllm import to_vllm
 
 pytestmark = pytest.mark.vllm
@@ -323,3 +324,40 @@ def test_a_malformed_tool_call_names_the_tool_calls(renderer: Any) -> None:
         InvalidPromptError, match=r"^\$\.messages\[1\]\.tool_calls: vLLM refuses it: .*objects"
     ):
         chat_to_prompt(messages, renderer=renderer, chat_template=TEMPLATE)
+
+
+# -- parts vLLM refuses, refused on both paths ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("part", "path"),
+    [
+        ({"text": "no type"}, r"\$\.messages\[1\]\.content\[1\]"),
+        ({"type": "text", "text": "a", "uuid": "u-1"}, r"\$\.messages\[1\]\.content\[1\]\.uuid"),
+        ({"type": "input_text", "text": "a", "uuid": "u-1"}, r"\$\.messages\[1\]\.content\[1\]\.uuid"),
+        ({"type": "image_url", "uuid": "u-1"}, r"\$\.messages\[1\]\.content\[1\]\.uuid"),
+    ],
+    ids=["no_type", "uuid_on_text", "uuid_on_input_text", "uuid_without_media_field"],
+)
+def test_a_part_vllm_refuses_is_refused_on_both_paths_naming_it(
+    renderer: Any, part: dict[str, Any], path: str
+) -> None:
+    # vLLM reads a part with a uuid, or without a type, by its media field and refuses one
+    # that has none; the stand-in took these (the last as a cached-only image).
+    messages = [
+        {"role": "user", "content": "hello"},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": _png_url(2)}}, part]},
+    ]
+    with pytest.raises(VLLMValidationError, match="Missing 'type' field"):
+        vllm_chat(renderer, copy.deepcopy(messages), chat_template=TEMPLATE)
+    with pytest.raises(InvalidPromptError, match=r"^\$\.messages\[1\]\.content\[1\]: vLLM refuses it"):
+        chat_to_prompt(messages, renderer=renderer, chat_template=TEMPLATE)
+    seen: list[str] = []
+
+    def loader(modality: str, url: str) -> object:
+        seen.append(modality)
+        return DefaultLoader()(modality, url)
+
+    with pytest.raises(InvalidPromptError, match=f"^{path}: "):
+        chat_to_prompt(messages, loader=loader)
+    assert seen == []  # refused before the image before it was loaded
