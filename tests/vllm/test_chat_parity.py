@@ -9,6 +9,11 @@ what ``LLM.chat`` runs) and (b) through the library into a record, then ``to_vll
 the same renderer: identical prompt token ids, placeholders and unscoped ``mm_hashes``;
 the scoped record carries ``stage0:rep{R}:<vLLM's chat key>``. Refusals name the part.
 
+The stand-in (``chat_to_prompt`` without a renderer), given the model's placeholders and
+the same template through the model's tokenizer, renders vLLM's own prompt text on a
+second corpus (empty text parts, placeholders the user wrote, images and videos mixed,
+typeless parts, uuids, parts vLLM refuses), or refuses where vLLM refuses.
+
 Audio and embedding parts: ``test_chat_parity_audio.py`` (Qwen2-Audio, and renderers with
 ``enable_mm_embeds``). The shared property and helpers: ``_chat_parity.py``.
 """
@@ -18,6 +23,7 @@ from __future__ import annotations
 import base64
 import copy
 import io
+import re
 import types
 from pathlib import Path
 from typing import Any
@@ -36,19 +42,21 @@ from _chat_parity import (
     assert_same_rendering,
     check_parity,
     check_rendering,
+    texts,
     uuids,
     vllm_chat,
+    weighted,
     with_uuid,
 )
 from _chat_parity import (
     conversations as chat_conversations,
 )
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 from vllm.exceptions import VLLMValidationError
 
-from omni_requests import InvalidPromptError
+from omni_requests import InvalidPromptError, OmniRequestsError, TextPrompt
 from omni_requests_omni import DefaultLoader, MediaLoadError, chat_to_prompt
 from omni_requests_vllm import to_vllm
 
@@ -361,3 +369,141 @@ def test_a_part_vllm_refuses_is_refused_on_both_paths_naming_it(
     with pytest.raises(InvalidPromptError, match=f"^{path}: "):
         chat_to_prompt(messages, loader=loader)
     assert seen == []  # refused before the image before it was loaded
+
+
+# -- the stand-in (no renderer) beside vLLM's own chat text -------------------------------
+
+IMAGE_MARK = "<|vision_start|><|image_pad|><|vision_end|>"
+VIDEO_MARK = "<|vision_start|><|video_pad|><|vision_end|>"
+# The stand-in's path names the message, its content, a part, or a field of the part.
+_STAND_IN_REFUSAL = re.compile(r"^\$\.messages\[\d+\](\.content(\[\d+\](\.\w+)?)?)?$")
+
+
+def stand_in_chat(renderer: Any, messages: list[dict[str, Any]]) -> TextPrompt:
+    """``chat_to_prompt`` without a renderer, given this model's placeholders and ``TEMPLATE``
+    through the model's tokenizer (what the docs tell a stand-in user to pass)."""
+    tokenizer = renderer.get_tokenizer()
+
+    def template(turns: list[dict[str, str]]) -> str:
+        text = tokenizer.apply_chat_template(
+            turns, chat_template=TEMPLATE, tokenize=False, add_generation_prompt=True
+        )
+        assert isinstance(text, str)
+        return text
+
+    record = chat_to_prompt(
+        messages, template=template, placeholders={"image": IMAGE_MARK, "video": VIDEO_MARK}
+    )
+    assert isinstance(record, TextPrompt)
+    return record
+
+
+def check_stand_in(renderer: Any, messages: list[dict[str, Any]]) -> str:
+    """The stand-in renders vLLM's own prompt text (string content format) with the same
+    items and uuids, or refuses, naming the place, what vLLM refuses."""
+    try:
+        expected = vllm_chat(
+            renderer, copy.deepcopy(messages), chat_template=TEMPLATE, chat_template_content_format="string"
+        )
+    except Exception as refusal:  # noqa: BLE001 - vLLM refuses this conversation
+        with pytest.raises(OmniRequestsError) as caught:
+            stand_in_chat(renderer, messages)
+        assert _STAND_IN_REFUSAL.match(caught.value.path), caught.value.path
+        return f"both refuse: {type(refusal).__name__}: {str(refusal)[:40]}"
+    record = stand_in_chat(renderer, messages)
+    assert record.prompt == expected["prompt"]
+    placed = expected.get("mm_placeholders") or {}
+    assert {modality: len(items) for modality, items in record.multi_modal_data.items()} == {
+        modality: len(ranges) for modality, ranges in placed.items()
+    }
+    for modality, row in (record.multi_modal_uuids or {}).items():  # vLLM keys an item by its uuid
+        for uuid, key in zip(row, expected["mm_hashes"][modality], strict=True):
+            assert uuid is None or uuid == key
+    return "rendered"
+
+
+stand_in_texts = st.one_of(
+    texts,
+    st.just(""),  # vLLM's parser drops an empty part
+    texts.map(lambda t: f"{t} {IMAGE_MARK}"),  # the user placed the image: vLLM adds none
+    st.just(f"{IMAGE_MARK} {IMAGE_MARK}"),
+    st.just(f"{VIDEO_MARK} ?"),
+)
+stand_in_text_parts = weighted(
+    # Weighted so most conversations render: one refused part refuses the whole conversation.
+    (12, stand_in_texts),
+    (12, stand_in_texts.map(lambda t: {"type": "text", "text": t})),
+    (4, stand_in_texts.map(lambda t: {"type": "input_text", "text": t})),
+    (2, st.just({"type": "text", "text": None})),
+    (1, st.just({"text": "no type"})),  # vLLM refuses: no type and no media field
+    (1, st.just({"type": "text", "text": "a", "uuid": "u-cat"})),  # vLLM refuses: a uuid, no media field
+)
+
+
+@st.composite
+def stand_in_media(draw: st.DrawFn) -> dict[str, Any]:
+    seed = draw(st.integers(0, 2))
+    kind = draw(st.sampled_from(["image", "image", "typeless_image", "typed_otherwise", "video"]))
+    uuid = draw(uuids)
+    if kind == "video":  # JPEG frames, which vLLM's video IO reads in both paths
+        frames = [base64.b64encode(_encoded(_image(seed * 10 + i, 56), "JPEG")).decode() for i in range(2)]
+        url = "data:video/jpeg;base64," + ",".join(frames)
+        return with_uuid({"type": "video_url", "video_url": {"url": url}}, uuid)
+    image = {"url": _png_url(seed)}
+    if kind == "typeless_image":  # vLLM reads a part without a type by its media field
+        return with_uuid({"image_url": image}, uuid)
+    if kind == "typed_otherwise":  # with a uuid, vLLM reads the field, not the type: an image
+        return {"type": "video_url", "image_url": image, "uuid": uuid or "u-dog"}
+    return with_uuid({"type": "image_url", "image_url": image}, uuid)
+
+
+@st.composite
+def stand_in_conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+    if draw(st.booleans()):
+        messages.append({"role": "system", "content": draw(texts)})
+    for turn in range(draw(st.integers(1, 2))):
+        if turn:
+            messages.append({"role": "assistant", "content": draw(texts)})
+        parts = st.one_of(stand_in_text_parts, stand_in_media())
+        messages.append({"role": "user", "content": draw(st.lists(parts, min_size=1, max_size=4))})
+    return messages
+
+
+@settings(CORPUS_SETTINGS, max_examples=40)
+@given(conversation=stand_in_conversations())
+def test_the_stand_in_renders_vllms_own_text_for_generated_conversations(
+    renderer: Any, conversation: list[dict[str, Any]]
+) -> None:
+    # Given the model's template and placeholders, the stand-in's turns are vLLM's: it
+    # placed one placeholder per item even where the text held it, kept empty parts as
+    # blank lines, and took parts vLLM refuses (no type, a uuid without media).
+    event(check_stand_in(renderer, conversation))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        [{"type": "text", "text": "a"}, {"type": "text", "text": ""}, "", {"type": "text", "text": "b"}],
+        [
+            {"type": "text", "text": f"look {IMAGE_MARK} here"},
+            {"type": "image_url", "image_url": {"url": "{png}"}},
+        ],
+        [
+            {"type": "image_url", "image_url": {"url": "{png}"}},
+            {"type": "video_url", "video_url": {"url": "{frames}"}},
+            {"type": "image_url", "image_url": {"url": "{png}"}},
+            "what is this ?",
+        ],
+    ],
+    ids=["empty_text_parts", "placeholder_in_text", "grouped_by_modality"],
+)
+def test_the_stand_in_places_placeholders_as_vllm_does(renderer: Any, content: list[Any]) -> None:
+    frames = base64.b64encode(_encoded(_image(7, 56), "JPEG")).decode()
+    fill = {"{png}": _png_url(1), "{frames}": f"data:video/jpeg;base64,{frames},{frames}"}
+    content = copy.deepcopy(content)  # the parameters stay as written
+    for part in content:
+        for key in ("image_url", "video_url"):
+            if isinstance(part, dict) and key in part:
+                part[key]["url"] = fill[part[key]["url"]]
+    assert check_stand_in(renderer, [{"role": "user", "content": content}]) == "rendered"
