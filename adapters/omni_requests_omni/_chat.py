@@ -196,9 +196,9 @@ def chat_to_prompt(
     a ``uuid`` or without a ``type`` is read by its first media field, whatever its
     ``type``, and one with no media field is refused (a text part takes no ``uuid``); every
     part is checked before any media is loaded. As in vLLM, a message's placeholders
-    (``placeholders``, one per item, grouped by modality) come first, then its non-empty
-    text parts joined with newlines; placeholders its text already holds are not added
-    again, and more of them than items are refused;
+    (``placeholders``, one per item, grouped by modality; none where it is empty) come
+    first, then its non-empty text parts joined with newlines; placeholders its text
+    already holds are not added again, and more of them than items are refused;
     ``template`` renders the turns into a :class:`~omni_requests.TextPrompt`. The
     template is yours, so the prompt is not proven equal to any model's; messages with
     ``name``, ``tool_calls`` or ``tool_call_id`` are refused (the stand-in's flat turns
@@ -343,7 +343,9 @@ def _read_messages(
             if url is None and uuid is None:
                 raise InvalidPromptError(f"{at}.{key}", "gives no media and no uuid")
             wanted.append(_Wanted(modality, url, uuid, at, f"{at}.{key}"))
-            marks.append(placeholders.get(modality, f"<{modality}>"))
+            mark = placeholders.get(modality, f"<{modality}>")
+            if mark:  # vLLM adds none where the model has no placeholder text (None or "")
+                marks.append(mark)
         # vLLM's default (interleave_mm_strings off): empty text parts dropped, then the
         # placeholders the text does not already hold first, then the text.
         text = "\n".join(t for t in texts if t)

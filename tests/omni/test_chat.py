@@ -506,6 +506,16 @@ def test_the_stand_in_adds_only_missing_placeholders_and_drops_empty_text_as_vll
     assert content.count("<image>") == items
 
 
+def test_an_empty_placeholder_adds_nothing_as_in_vllm() -> None:
+    # vLLM's parser skips a falsy placeholder (a model whose processor places its own
+    # tokens); the stand-in counted "" in the text, so every such message was refused.
+    image = {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(1))}}
+    prompt = chat_to_prompt(_user(image, image, "describe"), placeholders={"image": ""})
+    assert prompt.prompt == "<|user|>\ndescribe\n<|assistant|>\n"
+    assert len(prompt.multi_modal_data["image"]) == 2
+    assert chat_to_prompt(_user(image), placeholders={"image": ""}).prompt == "<|user|>\n\n<|assistant|>\n"
+
+
 def test_the_stand_in_refuses_more_placeholders_than_items_by_name() -> None:
     with pytest.raises(
         InvalidPromptError, match=r"^\$\.messages\[0\]\.content: .*more '<image>' placeholders"
