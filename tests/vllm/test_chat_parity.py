@@ -23,11 +23,14 @@ from __future__ import annotations
 import base64
 import copy
 import io
+import json
 import re
+import shutil
 import types
 from pathlib import Path
 from typing import Any
 
+import _tiny_models as tm
 import pytest
 from _tiny_models import VLLM_MISSING
 
@@ -242,6 +245,46 @@ def test_an_llm_renders_with_the_chat_template_it_was_built_with(renderer: Any) 
     named = chat_to_prompt(messages, renderer=llm, chat_template=TEMPLATE)
     assert named.prompt is not None and not named.prompt.startswith("LLM-TEMPLATE")
     assert named == chat_to_prompt(messages, renderer=renderer, chat_template=TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def templated_renderer(tiny_models: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The tiny Qwen2-VL with a chat template of its tokenizer's own, which a renderer
+    uses where no template is named."""
+    folder = tmp_path_factory.mktemp("qwen2_vl_templated")
+    shutil.copytree(tiny_models["qwen2_vl"].folder, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = "TOKENIZER-TEMPLATE " + TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return tm.build_renderer(folder, mm_processor_cache_gb=0)
+
+
+def test_a_real_llm_renders_with_its_own_template_file_over_the_tokenizers(
+    templated_renderer: Any, tmp_path: Path
+) -> None:
+    # LLM(model, chat_template="chat.jinja").chat(messages) renders with that file, not the
+    # tokenizer's template; chat_to_prompt(renderer=llm.llm_engine.renderer) rendered with
+    # the tokenizer's. LLM.__init__ starts an engine, which this CPU install cannot (no
+    # compiled ops), so the LLM gets the attributes __init__ sets that chat rendering reads,
+    # its template loaded by vLLM's own load_chat_template as __init__ loads it.
+    from vllm import LLM
+    from vllm.renderers.chat_utils import load_chat_template
+
+    template_file = tmp_path / "chat.jinja"
+    template_file.write_text("LLM-TEMPLATE " + TEMPLATE, encoding="utf-8")
+    llm = LLM.__new__(LLM)
+    llm.renderer = templated_renderer
+    llm.model_config = templated_renderer.model_config
+    llm.chat_template = load_chat_template(str(template_file))
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": _png_url(4)}}, "hi"]}]
+    expected = llm._preprocess_chat_one(copy.deepcopy(messages))  # what LLM.chat hands the engine
+    record = chat_to_prompt(messages, renderer=llm)
+    assert record.prompt == expected["prompt"] and record.prompt.startswith("LLM-TEMPLATE")
+    assert_same_rendering(expected, templated_renderer.render_cmpl([to_vllm(record)])[0])
+    # The engine's renderer alone knows only the tokenizer's template: another prompt.
+    alone = chat_to_prompt(messages, renderer=llm.renderer)
+    assert alone.prompt is not None and alone.prompt.startswith("TOKENIZER-TEMPLATE")
+    assert chat_to_prompt(messages, renderer=llm.renderer, chat_template=llm.chat_template) == record
 
 
 @pytest.mark.parametrize("suffix", sorted(VIDEO_FORMATS))
