@@ -671,10 +671,22 @@ def _tensor_layout(tensor: Any) -> tuple[Any, ...]:
         tensor.stride(),
         tensor.storage_offset(),
         tensor.dtype,
-        tensor.is_conj(),
-        tensor.is_neg(),
+        _view_bits(tensor),
         tensor.requires_grad,
     )
+
+
+def _view_bits(tensor: Any) -> object:
+    """The tensor's dispatch keys, conjugate and negative bits among them (both settable
+    in place: ``torch._C._set_conj``). Read through ``_dispatch_keys``, which holds the
+    GIL: ``is_conj()`` and ``is_neg()`` let go of it, each a possible wait of a switch
+    interval beside a thread busy in Python."""
+    import torch
+
+    dispatch_keys = getattr(torch._C, "_dispatch_keys", None)
+    if dispatch_keys is None:  # a torch without it: the public calls
+        return (tensor.is_conj(), tensor.is_neg())
+    return dispatch_keys(tensor).raw_repr()
 
 
 def given_back_tensor(tensor: Any) -> Any:

@@ -228,6 +228,20 @@ def test_writes_to_a_tensor_a_record_sent_or_shows_never_reach_it(store: str, wr
         assert sent._version == version  # torch's counter saw nothing: no cache could rest on it
 
 
+@pytest.mark.parametrize("bit", ["conjugate", "negative"])
+def test_a_tensor_hand_out_given_back_after_a_view_bit_was_set_in_place_is_read_as_it_is_now(
+    store: str, bit: str
+) -> None:
+    # torch._C._set_conj and _set_neg flip a bit on the tensor itself: no byte, no shape,
+    # no stride changes, yet the tensor now reads other values (vLLM cannot hash it).
+    dtype = torch.complex64 if bit == "conjugate" else torch.float32
+    record = TextPrompt(prompt="<video>", multi_modal_data={"video": [_tensor().to(dtype)]})
+    _, sent = _sent(record, "video")
+    (torch._C._set_conj if bit == "conjugate" else torch._C._set_neg)(sent, True)
+    with pytest.raises(PromptTypeError, match="vLLM's hasher cannot read this tensor"):
+        TextPrompt(prompt="<video>", multi_modal_data={"video": [sent]})
+
+
 def test_a_tensor_hand_outs_storage_cannot_grow_as_with_any_tensor_from_numpy(store: str) -> None:
     # What docs/design.md says its holder may not do; everything else in TENSOR_WRITES it may.
     record = TextPrompt(prompt="<video>", multi_modal_data={"video": [_tensor()]})
