@@ -100,6 +100,53 @@ def _url_of(part_type: str, value: object, path: str) -> str | None:
     return value or None
 
 
+def _uuid_of(part: Mapping[str, Any], path: str) -> str | None:
+    """The part's uuid as vLLM reads it (``str()`` of any value but None); an empty one is
+    refused: vLLM would key every such item as ``""``, one cache entry for all of them."""
+    uuid = part.get("uuid")
+    if uuid is None:
+        return None
+    text = str(uuid)
+    if not text:
+        raise InvalidPromptError(f"{path}.uuid", "must not be empty: every item needs its own key")
+    return text
+
+
+_DETAILS: Final = ("auto", "low", "high", "original")
+
+
+def _check_typed_part(part_type: str, part: Mapping[str, Any], path: str) -> None:
+    """What vLLM checks of a typed media part without a ``uuid``: it validates the part
+    against OpenAI's own schema (an object with a str ``url``; for ``input_image`` a str
+    ``image_url`` and a ``detail``), where a part with a ``uuid`` is read loosely."""
+    if part_type == "input_image":
+        detail = part.get("detail")
+        if detail not in _DETAILS:
+            raise InvalidPromptError(
+                f"{path}.detail", f"must be one of {', '.join(_DETAILS)} (vLLM requires it), got {detail!r}"
+            )
+        image_url = part.get("image_url")
+        if image_url is not None and not isinstance(image_url, str):
+            raise PromptTypeError(f"{path}.image_url", f"must be a URL str, got {type_name(image_url)}")
+        return
+    if part_type == "input_audio":  # vLLM reads it as given
+        return
+    value = part.get(part_type)
+    if not isinstance(value, Mapping):
+        raise PromptTypeError(
+            f"{path}.{part_type}",
+            "must be an object with a 'url' (a bare URL str only with a 'uuid', as in vLLM), "
+            f"got {type_name(value)}",
+        )
+    url = value.get("url")
+    if not isinstance(url, str):
+        raise PromptTypeError(f"{path}.{part_type}.url", f"must be a str, got {type_name(url)}")
+    if part_type == "image_url" and "detail" in value and value["detail"] not in _DETAILS:
+        raise InvalidPromptError(
+            f"{path}.image_url.detail", f"must be one of {', '.join(_DETAILS)}, got {value['detail']!r}"
+        )
+
+
 def _part_type(part: Mapping[str, Any], path: str) -> tuple[str, str]:
     """The part's type as vLLM reads it, and the path to name when that type is unsupported."""
     part_type = part.get("type")
@@ -194,10 +241,14 @@ def chat_to_prompt(
     ``uuid`` becomes its ``multi_modal_uuids`` entry, and a part with a ``uuid`` whose
     media field is null stands for an item the engine has cached. As in vLLM, a part with
     a ``uuid`` or without a ``type`` is read by its first media field, whatever its
-    ``type``, and one with no media field is refused (a text part takes no ``uuid``); every
-    part is checked before any media is loaded. As in vLLM, a message's placeholders
-    (``placeholders``, one per item, grouped by modality; none where it is empty) come
-    first, then its non-empty text parts joined with newlines; placeholders its text
+    ``type``, and one with no media field is refused (a text part takes no ``uuid``); a
+    typed part without a ``uuid`` is checked against OpenAI's schema as vLLM checks it
+    (``image_url``, ``video_url``, ``audio_url``: objects with a str ``url``;
+    ``input_image``: a ``detail`` and a str ``image_url``); a ``uuid`` is ``str()``-ed,
+    and an empty one refused. Every part is checked before any media is loaded. As in
+    vLLM, a message's placeholders (``placeholders``, one per item, grouped by modality;
+    none where it is empty) come first, then its non-empty text parts joined with
+    newlines; placeholders its text
     already holds are not added again, and more of them than items are refused;
     ``template`` renders the turns into a :class:`~omni_requests.TextPrompt`. The
     template is yours, so the prompt is not proven equal to any model's; messages with
@@ -336,9 +387,9 @@ def _read_messages(
                     "(pass renderer= for every part vLLM accepts)",
                 )
             modality, key = _MEDIA_PARTS[part_type]
-            uuid = part.get("uuid")
-            if uuid is not None and (not isinstance(uuid, str) or not uuid):
-                raise InvalidPromptError(f"{at}.uuid", f"must be a non-empty str, got {uuid!r}")
+            uuid = _uuid_of(part, at)
+            if uuid is None and part.get("type") == part_type:
+                _check_typed_part(part_type, part, at)
             url = _url_of(part_type, part.get(key), f"{at}.{key}")
             if url is None and uuid is None:
                 raise InvalidPromptError(f"{at}.{key}", "gives no media and no uuid")

@@ -72,7 +72,7 @@ def test_data_urls_of_each_modality_load_into_items_in_order() -> None:
         *_user(
             {"type": "text", "text": "Compare"},
             {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(1))}},
-            {"type": "video_url", "video_url": data_url("video/x-npy", npy_bytes(video_array(2)))},
+            {"type": "video_url", "video_url": {"url": data_url("video/x-npy", npy_bytes(video_array(2)))}},
             _audio_part(3),
             {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(4))}},
         ),
@@ -195,12 +195,30 @@ def test_a_custom_loader_can_take_over_any_url() -> None:
             MediaLoadError,
             r"input_audio: not a PCM WAV",
         ),
-        ({"type": "image_url"}, InvalidPromptError, r"image_url: gives no media and no uuid"),
-        ({"type": "image_url", "image_url": {"url": 3}}, PromptTypeError, r"image_url: must be a URL str"),
+        ({"type": "image_url"}, PromptTypeError, r"image_url: must be an object with a 'url'"),
+        ({"image_url": None}, InvalidPromptError, r"image_url: gives no media and no uuid"),
+        ({"type": "image_url", "image_url": {"url": 3}}, PromptTypeError, r"image_url\.url: must be a str"),
+        ({"image_url": {"url": 3}}, PromptTypeError, r"image_url: must be a URL str"),
+        # Typed and without a uuid, vLLM validates the part against OpenAI's schema.
+        (
+            {"type": "video_url", "video_url": "https://x/v.mp4"},
+            PromptTypeError,
+            r"video_url: .*bare URL str",
+        ),
+        (
+            {"type": "input_image", "image_url": "https://x/i.png"},
+            InvalidPromptError,
+            r"\.detail: must be one of",
+        ),
+        (
+            {"type": "image_url", "image_url": {"url": "https://x/i.png", "detail": "max"}},
+            InvalidPromptError,
+            r"image_url\.detail: must be one of auto, low, high, original",
+        ),
         (
             {"type": "image_url", "image_url": None, "uuid": ""},
             InvalidPromptError,
-            r"\.uuid: must be a non-empty str",
+            r"\.uuid: must not be empty: every item needs its own key",
         ),
         ({"type": "file", "file": {}}, InvalidPromptError, r"\.type: unsupported content part 'file'"),
         ({"text": "no type"}, InvalidPromptError, r": a content part needs a 'type'"),
@@ -287,15 +305,16 @@ def test_part_uuids_become_multi_modal_uuids_and_a_uuid_alone_is_a_cached_item()
             {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(1))}, "uuid": "cat"},
             {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(2))}},
             {"type": "image_url", "image_url": None, "uuid": "seen-before"},
+            {"image_url": data_url("image/png", png_bytes(4)), "uuid": 44},  # str()-ed, as vLLM does
             _audio_part(3, uuid="clip-3"),
         )
     )
-    assert prompt.multi_modal_uuids == {"image": ["cat", None, "seen-before"], "audio": ["clip-3"]}
+    assert prompt.multi_modal_uuids == {"image": ["cat", None, "seen-before", "44"], "audio": ["clip-3"]}
     assert prompt.multi_modal_data["image"][2] is None
     _, scoped = scope_stage0(prompt, pool=Stage0Pool(replicas=2, select=lambda _: 1), hasher=HASHER)
     image_key = HASHER.key("image", prompt.multi_modal_data["image"][1])
     assert uuids_of(scoped) == {
-        "image": ["stage0:rep1:cat", f"stage0:rep1:{image_key}", "stage0:rep1:seen-before"],
+        "image": ["stage0:rep1:cat", f"stage0:rep1:{image_key}", "stage0:rep1:seen-before", "stage0:rep1:44"],
         "audio": ["stage0:rep1:clip-3"],
     }
 
@@ -369,7 +388,7 @@ def test_transparent_images_are_composited_over_white_like_vllm() -> None:
     buffer = io.BytesIO()
     Image.fromarray(rgba, "RGBA").save(buffer, format="PNG")
     prompt = chat_to_prompt(
-        _user({"type": "image_url", "image_url": data_url("image/png", buffer.getvalue())})
+        _user({"type": "image_url", "image_url": {"url": data_url("image/png", buffer.getvalue())}})
     )
     pixels = np.asarray(prompt.multi_modal_data["image"][0])
     assert pixels.shape == (2, 2, 3)
@@ -415,7 +434,7 @@ def test_an_npy_header_declaring_more_than_its_bytes_is_refused() -> None:
     with pytest.raises(
         MediaLoadError, match=r"video_url: the \.npy header declares shape .* but the data holds 64 bytes"
     ):
-        chat_to_prompt(_user({"type": "video_url", "video_url": data_url("video/x-npy", enormous)}))
+        chat_to_prompt(_user({"type": "video_url", "video_url": {"url": data_url("video/x-npy", enormous)}}))
 
 
 def test_a_fifo_in_the_allowed_folder_is_refused_not_waited_on(tmp_path: Path) -> None:
@@ -467,7 +486,7 @@ def test_the_stand_in_reads_text_like_parts_as_vllm_does_and_puts_placeholders_f
     prompt = chat_to_prompt(
         _user(
             {"type": "input_text", "text": "one"},
-            {"type": "input_image", "image_url": data_url("image/png", png_bytes(1))},
+            {"type": "input_image", "image_url": data_url("image/png", png_bytes(1)), "detail": "auto"},
             {"type": "refusal", "refusal": "two"},
             {"type": "thinking", "thinking": "three"},
             {"type": "text", "text": None},  # vLLM skips a part without content
@@ -493,7 +512,10 @@ def test_the_stand_in_adds_only_missing_placeholders_and_drops_empty_text_as_vll
     # It prepended one placeholder per item even where the text held it already (the
     # model then saw two for one image) and kept empty text parts as blank lines.
     parts: list[Any] = [
-        *({"type": "image_url", "image_url": data_url("image/png", png_bytes(i))} for i in range(items)),
+        *(
+            {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(i))}}
+            for i in range(items)
+        ),
         *texts,
     ]
     prompt = chat_to_prompt([{"role": "user", "content": parts}])
@@ -521,7 +543,10 @@ def test_the_stand_in_refuses_more_placeholders_than_items_by_name() -> None:
         InvalidPromptError, match=r"^\$\.messages\[0\]\.content: .*more '<image>' placeholders"
     ):
         chat_to_prompt(
-            _user({"type": "image_url", "image_url": data_url("image/png", png_bytes(1))}, "<image> <image>")
+            _user(
+                {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(1))}},
+                "<image> <image>",
+            )
         )
 
 

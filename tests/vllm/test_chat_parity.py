@@ -419,7 +419,7 @@ def test_a_part_vllm_refuses_is_refused_on_both_paths_naming_it(
 IMAGE_MARK = "<|vision_start|><|image_pad|><|vision_end|>"
 VIDEO_MARK = "<|vision_start|><|video_pad|><|vision_end|>"
 # The stand-in's path names the message, its content, a part, or a field of the part.
-_STAND_IN_REFUSAL = re.compile(r"^\$\.messages\[\d+\](\.content(\[\d+\](\.\w+)?)?)?$")
+_STAND_IN_REFUSAL = re.compile(r"^\$\.messages\[\d+\](\.content(\[\d+\](\.\w+){0,2})?)?$")
 
 
 def stand_in_chat(renderer: Any, messages: list[dict[str, Any]]) -> TextPrompt:
@@ -550,3 +550,65 @@ def test_the_stand_in_places_placeholders_as_vllm_does(renderer: Any, content: l
             if isinstance(part, dict) and key in part:
                 part[key]["url"] = fill[part[key]["url"]]
     assert check_stand_in(renderer, [{"role": "user", "content": content}]) == "rendered"
+
+
+_PNG = "{png}"
+_FRAMES = "{frames}"
+# Each part shape vLLM takes or refuses. Typed and without a uuid, vLLM validates a part
+# against OpenAI's schema (bare URL strs refused, input_image needs a detail); with a
+# uuid or without a type it reads the media field loosely. A uuid is str()-ed.
+PART_SHAPES = {
+    "image_url_str": {"type": "image_url", "image_url": _PNG},
+    "image_url_str_uuid": {"type": "image_url", "image_url": _PNG, "uuid": "u-bare"},
+    "image_url_empty_url": {"type": "image_url", "image_url": {"url": ""}},
+    "image_url_detail": {"type": "image_url", "image_url": {"url": _PNG, "detail": "low"}},
+    "image_url_bad_detail": {"type": "image_url", "image_url": {"url": _PNG, "detail": "max"}},
+    "image_url_no_url": {"type": "image_url", "image_url": {"detail": "auto"}},
+    "input_image_no_detail": {"type": "input_image", "image_url": _PNG},
+    "input_image": {"type": "input_image", "image_url": _PNG, "detail": "auto"},
+    "input_image_object": {"type": "input_image", "image_url": {"url": _PNG}, "detail": "auto"},
+    "input_image_object_uuid": {"type": "input_image", "image_url": {"url": _PNG}, "uuid": "u-in"},
+    "input_image_no_url": {"type": "input_image", "detail": "high"},
+    "int_uuid": {"type": "image_url", "image_url": {"url": _PNG}, "uuid": 7},
+    "video_url_str": {"type": "video_url", "video_url": _FRAMES},
+    "video_url_str_uuid": {"type": "video_url", "video_url": _FRAMES, "uuid": "u-vid"},
+    "typeless_str": {"image_url": _PNG},
+}
+
+
+def _filled(part: dict[str, Any]) -> dict[str, Any]:
+    frames = base64.b64encode(_encoded(_image(7, 56), "JPEG")).decode()
+    fill = {_PNG: _png_url(1), _FRAMES: f"data:video/jpeg;base64,{frames},{frames}"}
+    part = copy.deepcopy(part)  # the parameters stay as written
+    for key in ("image_url", "video_url"):
+        value = part.get(key)
+        if isinstance(value, dict) and "url" in value:
+            value["url"] = fill.get(value["url"], value["url"])
+        elif isinstance(value, str):
+            part[key] = fill[value]
+    return part
+
+
+@pytest.mark.parametrize("part", list(PART_SHAPES.values()), ids=list(PART_SHAPES))
+def test_the_stand_in_takes_and_refuses_each_part_shape_as_vllm_does(
+    renderer: Any, part: dict[str, Any]
+) -> None:
+    # The stand-in used to take every bare URL str and input_image without its detail, and
+    # refused a uuid that was not a str.
+    check_stand_in(renderer, [{"role": "user", "content": ["what is it?", _filled(part)]}])
+
+
+def test_an_empty_uuid_is_refused_on_both_paths_though_vllm_keys_it_as_empty(renderer: Any) -> None:
+    # vLLM keys such an item "": every item given uuid "" would share one cache entry.
+    messages = [
+        {"role": "user", "content": [_filled({"type": "image_url", "image_url": {"url": _PNG}, "uuid": ""})]}
+    ]
+    assert vllm_chat(renderer, copy.deepcopy(messages), chat_template=TEMPLATE)["mm_hashes"] == {
+        "image": [""]
+    }
+    with pytest.raises(InvalidPromptError, match="every item needs its own key") as caught:
+        chat_to_prompt(messages)
+    assert caught.value.path == "$.messages[0].content[0].uuid"
+    with pytest.raises(InvalidPromptError, match="every item needs its own key") as caught:
+        chat_to_prompt(messages, renderer=renderer, chat_template=TEMPLATE)
+    assert caught.value.path.startswith("$.messages[0].content[0]")
