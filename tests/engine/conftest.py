@@ -61,13 +61,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def new_llm(model_dir: Path) -> Iterator[Callable[[], Any]]:
-    """``new_llm()``: a fresh in-process ``vllm.LLM`` on the tiny model (empty caches)."""
+    """``new_llm(**args)``: a fresh in-process ``vllm.LLM`` on the tiny model (empty
+    caches), ``args`` added to ``ENGINE_ARGS``. Shut down only when the session ends:
+    engines in one process share vLLM's parallel state, which a shutdown tears down."""
     from vllm import LLM
 
     started: list[Any] = []
 
-    def start() -> Any:
-        llm = LLM(model=str(model_dir), **ENGINE_ARGS)
+    def start(**args: Any) -> Any:
+        llm = LLM(model=str(model_dir), **{**ENGINE_ARGS, **args})
         started.append(llm)
         return llm
 
