@@ -24,7 +24,7 @@ from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError
 from omni_requests._adapter_api import type_name
 
 from ._loaders import DefaultLoader, MediaLoader, MediaLoadError
-from ._vllm_chat import at_part, chat_with_vllm, checked_roles
+from ._vllm_chat import at_part, chat_with_vllm, checked_roles, part_uuid
 
 __all__ = ["DEFAULT_PLACEHOLDERS", "ChatTemplate", "chat_to_prompt", "default_chat_template"]
 
@@ -98,18 +98,6 @@ def _url_of(part_type: str, value: object, path: str) -> str | None:
     if not isinstance(value, str):
         raise PromptTypeError(path, f"must be a URL str or an object with 'url', got {type_name(value)}")
     return value or None
-
-
-def _uuid_of(part: Mapping[str, Any], path: str) -> str | None:
-    """The part's uuid as vLLM reads it (``str()`` of any value but None); an empty one is
-    refused: vLLM would key every such item as ``""``, one cache entry for all of them."""
-    uuid = part.get("uuid")
-    if uuid is None:
-        return None
-    text = str(uuid)
-    if not text:
-        raise InvalidPromptError(f"{path}.uuid", "must not be empty: every item needs its own key")
-    return text
 
 
 _DETAILS: Final = ("auto", "low", "high", "original")
@@ -244,8 +232,8 @@ def chat_to_prompt(
     ``type``, and one with no media field is refused (a text part takes no ``uuid``); a
     typed part without a ``uuid`` is checked against OpenAI's schema as vLLM checks it
     (``image_url``, ``video_url``, ``audio_url``: objects with a str ``url``;
-    ``input_image``: a ``detail`` and a str ``image_url``); a ``uuid`` is ``str()``-ed,
-    and an empty one refused. Every part is checked before any media is loaded. As in
+    ``input_image``: a ``detail`` and a str ``image_url``); a ``uuid`` is a non-empty str
+    or an int (``str()``-ed, as vLLM does). Every part is checked before any media is loaded. As in
     vLLM, a message's placeholders (``placeholders``, one per item, grouped by modality;
     none where it is empty) come first, then its non-empty text parts joined with
     newlines; placeholders its text
@@ -387,7 +375,7 @@ def _read_messages(
                     "(pass renderer= for every part vLLM accepts)",
                 )
             modality, key = _MEDIA_PARTS[part_type]
-            uuid = _uuid_of(part, at)
+            uuid = part_uuid(part, at)
             if uuid is None and part.get("type") == part_type:
                 _check_typed_part(part_type, part, at)
             url = _url_of(part_type, part.get(key), f"{at}.{key}")

@@ -80,6 +80,29 @@ def checked_roles(messages: object) -> Iterator[tuple[str, Mapping[str, Any], st
         yield where, message, role
 
 
+def part_uuid(part: Mapping[str, Any], path: str) -> str | None:
+    """A part's uuid as vLLM reads it (``str(uuid)``), checked on both chat paths.
+
+    vLLM keys the item by ``str(uuid)`` whatever the value: only a str or an int is taken,
+    since other values can print alike while they differ (a large numpy array's summary,
+    an object's address reused by the next request). An empty one is refused: vLLM would
+    key every such item ``""``, one cache entry for all of them.
+    """
+    uuid = part.get("uuid")
+    if uuid is None:
+        return None
+    if not isinstance(uuid, (str, int)) or isinstance(uuid, bool):
+        raise PromptTypeError(
+            f"{path}.uuid",
+            f"must be a str (or an int, which vLLM reads as its str), got {type_name(uuid)}: vLLM keys "
+            "the item by str(uuid), which for other values can be the same text for different ones",
+        )
+    text = str(uuid)
+    if not text:
+        raise InvalidPromptError(f"{path}.uuid", "must not be empty: every item needs its own key")
+    return text
+
+
 def _checked_messages(messages: object) -> list[dict[str, Any]]:
     """The messages copied, after the checks whose failure vLLM reports without a place."""
     out: list[dict[str, Any]] = []
@@ -94,6 +117,8 @@ def _checked_messages(messages: object) -> list[dict[str, Any]]:
                 raise PromptTypeError(
                     f"{where}.content[{p}]", f"must be a content part object or a str, got {type_name(part)}"
                 )
+            if isinstance(part, Mapping):
+                part_uuid(part, f"{where}.content[{p}]")
             if isinstance(part, Mapping) and part.get("type") == "prompt_embeds":
                 raise InvalidPromptError(
                     f"{where}.content[{p}]",

@@ -59,7 +59,7 @@ from hypothesis import strategies as st
 from PIL import Image
 from vllm.exceptions import VLLMValidationError
 
-from omni_requests import InvalidPromptError, OmniRequestsError, TextPrompt
+from omni_requests import InvalidPromptError, OmniRequestsError, PromptTypeError, TextPrompt
 from omni_requests_omni import DefaultLoader, MediaLoadError, chat_to_prompt
 from omni_requests_vllm import to_vllm
 
@@ -596,6 +596,26 @@ def test_the_stand_in_takes_and_refuses_each_part_shape_as_vllm_does(
     # The stand-in used to take every bare URL str and input_image without its detail, and
     # refused a uuid that was not a str.
     check_stand_in(renderer, [{"role": "user", "content": ["what is it?", _filled(part)]}])
+
+
+_PRINTS_ALIKE = np.arange(2000)  # numpy prints the first and last three elements of it
+
+
+@pytest.mark.parametrize(
+    "uuid", [_PRINTS_ALIKE, object(), 1.5, True], ids=["array", "object", "float", "bool"]
+)
+def test_a_uuid_that_is_not_a_str_or_an_int_is_refused_on_both_paths(renderer: Any, uuid: object) -> None:
+    # vLLM keys the item by str(uuid): another array prints alike, and an object prints its
+    # address, which the next request's object may reuse; both would share a cache entry.
+    other = _PRINTS_ALIKE.copy()
+    other[1000] = -1
+    assert str(other) == str(_PRINTS_ALIKE)
+    part = _filled({"type": "image_url", "image_url": {"url": _PNG}, "uuid": uuid})
+    messages = [{"role": "user", "content": [part]}]
+    for on_vllm in ({}, {"renderer": renderer, "chat_template": TEMPLATE}):
+        with pytest.raises(PromptTypeError, match=r"must be a str \(or an int") as caught:
+            chat_to_prompt(messages, **on_vllm)
+        assert caught.value.path == "$.messages[0].content[0].uuid"
 
 
 def test_an_empty_uuid_is_refused_on_both_paths_though_vllm_keys_it_as_empty(renderer: Any) -> None:
