@@ -465,9 +465,15 @@ def check_hashable_tensor(tensor: Any, path: str) -> None:
                 path, f"vLLM's hasher cannot read this tensor ({type(error).__name__}: {error})"
             ) from None
         return
-    # A bfloat16 tensor is hashed through a byte view of tensor.contiguous(). A tensor of
-    # one element counts as contiguous whatever its stride, keeps that stride, and the
-    # view fails.
+    # A bfloat16 tensor is hashed through a byte view of tensor.contiguous(), which torch
+    # refuses for a negative view. A tensor of one element counts as contiguous whatever
+    # its stride, keeps that stride, and the view fails.
+    if tensor.is_neg():
+        raise PromptTypeError(
+            path,
+            "vLLM's hasher cannot read this tensor (a bfloat16 tensor with its negative bit set); "
+            "pass tensor.resolve_neg()",
+        )
     if tensor.numel() != 1:
         return
     try:

@@ -776,6 +776,7 @@ def test_tensors_vllm_cannot_hash_are_refused_at_construction() -> None:
     for tensor in (
         torch.zeros(2, 4, 4, 3, dtype=torch.complex64).conj(),
         torch.zeros(2, 4, 4, 3, device="meta"),
+        torch._neg_view(torch.ones(2, 4, 4, 3, dtype=torch.bfloat16)),  # torch refused it, not us
     ):
         with pytest.raises(PromptTypeError, match="cannot read this tensor") as caught:
             TextPrompt(prompt="x", multi_modal_data={"video": [tensor]})
