@@ -233,11 +233,11 @@ def chat_to_prompt(
     typed part without a ``uuid`` is checked against OpenAI's schema as vLLM checks it
     (``image_url``, ``video_url``, ``audio_url``: objects with a str ``url``;
     ``input_image``: a ``detail`` and a str ``image_url``); a ``uuid`` is a non-empty str
-    or an int (``str()``-ed, as vLLM does). Every part is checked before any media is loaded. As in
-    vLLM, a message's placeholders (``placeholders``, one per item, grouped by modality;
-    none where it is empty) come first, then its non-empty text parts joined with
-    newlines; placeholders its text
-    already holds are not added again, and more of them than items are refused;
+    or an int (``str()``-ed, as vLLM does). Every part is checked before any media is
+    loaded. As in vLLM, a message's placeholders (``placeholders``, one per item, grouped
+    by modality; none where it is empty) come first, then its non-empty text parts
+    joined with newlines; placeholders its text already holds are not added again, and
+    more of them than items are refused;
     ``template`` renders the turns into a :class:`~omni_requests.TextPrompt`. The
     template is yours, so the prompt is not proven equal to any model's; messages with
     ``name``, ``tool_calls`` or ``tool_call_id`` are refused (the stand-in's flat turns
