@@ -556,7 +556,7 @@ _PNG = "{png}"
 _FRAMES = "{frames}"
 # Each part shape vLLM takes or refuses. Typed and without a uuid, vLLM validates a part
 # against OpenAI's schema (bare URL strs refused, input_image needs a detail); with a
-# uuid or without a type it reads the media field loosely. A uuid is str()-ed.
+# uuid or without a type it reads the media field loosely. An int uuid is read as its str.
 PART_SHAPES = {
     "image_url_str": {"type": "image_url", "image_url": _PNG},
     "image_url_str_uuid": {"type": "image_url", "image_url": _PNG, "uuid": "u-bare"},
@@ -594,7 +594,7 @@ def test_the_stand_in_takes_and_refuses_each_part_shape_as_vllm_does(
     renderer: Any, part: dict[str, Any]
 ) -> None:
     # The stand-in used to take every bare URL str and input_image without its detail, and
-    # refused a uuid that was not a str.
+    # refused an int uuid.
     check_stand_in(renderer, [{"role": "user", "content": ["what is it?", _filled(part)]}])
 
 
@@ -631,4 +631,4 @@ def test_an_empty_uuid_is_refused_on_both_paths_though_vllm_keys_it_as_empty(ren
     assert caught.value.path == "$.messages[0].content[0].uuid"
     with pytest.raises(InvalidPromptError, match="every item needs its own key") as caught:
         chat_to_prompt(messages, renderer=renderer, chat_template=TEMPLATE)
-    assert caught.value.path.startswith("$.messages[0].content[0]")
+    assert caught.value.path == "$.messages[0].content[0].uuid"  # before vLLM sees it
