@@ -71,6 +71,8 @@ class EmbeddingFields(Mapping[str, Any]):
     def __init__(self, fields: Mapping[str, Any], layout: Mapping[str, str]) -> None:
         from ._media import check_hashable_tensor, check_text, is_torch_tensor
 
+        if hasattr(self, "_fields"):  # __init__ called again by hand: it would rewrite a record's item
+            raise TypeError(f"{type(self).__name__} is immutable; build a new one")
         path = "$.fields"
         if not isinstance(fields, Mapping):
             raise PromptTypeError(path, f"must be a mapping of field name to tensor, got {type_name(fields)}")
@@ -152,7 +154,8 @@ class EmbeddingFields(Mapping[str, Any]):
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def __reduce__(self) -> tuple[type[EmbeddingFields], tuple[dict[str, Any], dict[str, str]]]:
-        return (type(self), (dict(self._fields), dict(self._layout)))
+        # Copies: whoever calls it gets tensors a write to which cannot reach the item.
+        return (type(self), ({name: t.clone() for name, t in self._fields.items()}, dict(self._layout)))
 
 
 def check_embedding_items(path: str, modality: str, items: list[object]) -> None:

@@ -43,6 +43,8 @@ class FrozenDict(Mapping[_K, _V]):
     _hash: int | None
 
     def __init__(self, data: Mapping[_K, _V] | None = None) -> None:
+        if hasattr(self, "_data"):  # __init__ called again by hand: it would rewrite the map in place
+            raise TypeError(f"{type(self).__name__} is immutable; build a new one")
         object.__setattr__(self, "_data", dict(data) if data is not None else {})
         object.__setattr__(self, "_hash", None)
 
@@ -74,7 +76,7 @@ class FrozenDict(Mapping[_K, _V]):
         raise AttributeError(f"{type(self).__name__} is immutable")
 
     def __reduce__(self) -> tuple[type[FrozenDict[_K, _V]], tuple[dict[_K, _V]]]:
-        return (type(self), (self._data,))
+        return (type(self), (dict(self._data),))  # a copy: the caller may change what it gets
 
 
 def is_torch_tensor(value: object) -> bool:

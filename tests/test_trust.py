@@ -783,6 +783,36 @@ def test_tensors_vllm_cannot_hash_are_refused_at_construction() -> None:
         assert caught.value.path == "$.multi_modal_data.video[0]"
 
 
+def test_a_records_metadata_and_embedding_items_give_no_way_in_through_their_dunders() -> None:
+    # __reduce__ (what pickle and copy call) handed out the item's own dict or tensors, and
+    # __init__ called again rewrote the item in place: either changed what a built record
+    # sends. Both found by an adversarial review.
+    torch = pytest.importorskip("torch")
+    from omni_requests._embedding_fields import EmbeddingFields
+
+    embeds = EmbeddingFields(
+        {"image_embeds": torch.zeros(4, 8), "image_grid_thw": torch.tensor([1, 2, 2])},
+        {"image_embeds": "flat", "image_grid_thw": "batched"},
+    )
+    record = TextPrompt(prompt="x", multi_modal_data={"video": [(video(0), {"fps": 2.0})], "image": [embeds]})
+    before = to_vllm(record)
+    metadata = record.multi_modal_data["video"][0][1]
+    item = record.multi_modal_data["image"][0]
+    metadata.__reduce__()[1][0]["fps"] = 30.0
+    item.__reduce__()[1][0]["image_embeds"].add_(7)
+    with pytest.raises(TypeError, match="immutable"):
+        metadata.__init__({"fps": 30.0})  # type: ignore[misc]
+    with pytest.raises(TypeError, match="immutable"):
+        item.__init__({"image_embeds": torch.ones(4, 8)}, {"image_embeds": "flat"})  # type: ignore[misc]
+    after = to_vllm(record)
+    assert after["multi_modal_data"]["video"][0][1] == {"fps": 2.0}
+    assert torch.equal(
+        after["multi_modal_data"]["image"]["image_embeds"],
+        before["multi_modal_data"]["image"]["image_embeds"],
+    )
+    assert torch.equal(after["multi_modal_data"]["image"]["image_embeds"], torch.zeros(4, 8))
+
+
 # -- what no key cache may trust: why images and tensors are hashed afresh (F2) --
 
 
