@@ -8,7 +8,9 @@ record) against one hash of the same array, by our hasher and by vLLM's
 what templates, unpickled records and the wire format hand over. PIL images and
 tensors are sealed (docs/design.md, "Tensors and PIL images: sealed"): one copy into a
 sealed store, timed the same way, and a record given an untouched hand-out of another
-record's image (no copy).
+record's image (no copy). From 64 KiB a record's copy of an array is protected (its
+pages read-only while it lives): the same copy into a plain ``bytes`` object, built
+with no protection to spare, is its baseline.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from omni_requests import MediaHasher, TextPrompt
+from omni_requests import MediaHasher, TextPrompt, _sealed
 
 from ._harness import Row, Timing, compare, median_speedup, speedup
 from .hashing import MB, MODEL, vllm_hasher, warm_allocator
@@ -27,6 +29,16 @@ from .hashing import MB, MODEL, vllm_hasher, warm_allocator
 
 def _build(array: np.ndarray) -> TextPrompt:
     return TextPrompt(prompt="<video>", multi_modal_data={"video": array})
+
+
+def _build_unprotected(array: np.ndarray) -> TextPrompt:
+    """``_build`` as on a system with no protection to spare: a plain ``bytes`` copy."""
+    budget = _sealed._PROTECTED
+    limit, budget.limit = budget.limit, 0
+    try:
+        return _build(array)
+    finally:
+        budget.limit = limit
 
 
 def run(quick: bool) -> list[Row]:
@@ -46,6 +58,7 @@ def run(quick: bool) -> list[Row]:
         candidates: dict[str, Callable[[], object]] = {
             "record (copy)": partial(_build, array),
             "record (a record's array, no copy)": partial(_build, built),
+            "record (copy, unprotected)": partial(_build_unprotected, array),
             "ours": partial(ours.key, "video", array),
         }
         if hash_kwargs is not None:
@@ -61,6 +74,9 @@ def run(quick: bool) -> list[Row]:
         rows.append(
             _no_copy(f"array {nbytes / MB:.0f} MB: a record given another record's array", copy, free)
         )
+        plain = t["record (copy, unprotected)"]
+        what = f"array {nbytes / MB:.0f} MB: a record's one copy, protected vs plain bytes"
+        rows.append(_time_ratio(what, copy, plain, "plain bytes copy"))
     rows.extend(_sealed_rows(quick, ours, hash_kwargs))
     return rows
 
@@ -106,19 +122,21 @@ def _versus_hashes(what: str, t: dict[str, Timing], name: str, more: str = "") -
     rows = []
     for hasher in ("ours", "vLLM"):
         if hasher in t:
-            base = t[hasher]
-            rows.append(
-                Row(
-                    "construction",
-                    f"{what} vs one hash ({hasher})",
-                    built.best * 1e3,
-                    "ms",
-                    baseline=f"{'our' if hasher == 'ours' else 'vLLM'} hash {base.best * 1e3:.3g} ms",
-                    ratio=built.best / base.best,
-                    note=f"time ratio (lower: cheaper); on medians {built.median / base.median:.2f}x{more}",
-                )
-            )
+            baseline = f"{'our' if hasher == 'ours' else 'vLLM'} hash"
+            rows.append(_time_ratio(f"{what} vs one hash ({hasher})", built, t[hasher], baseline, more))
     return rows
+
+
+def _time_ratio(what: str, built: Timing, base: Timing, baseline: str, more: str = "") -> Row:
+    return Row(
+        "construction",
+        what,
+        built.best * 1e3,
+        "ms",
+        baseline=f"{baseline} {base.best * 1e3:.3g} ms",
+        ratio=built.best / base.best,
+        note=f"time ratio (lower: cheaper); on medians {built.median / base.median:.2f}x{more}",
+    )
 
 
 def _no_copy(what: str, copied: Timing, free: Timing) -> Row:

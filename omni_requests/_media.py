@@ -22,7 +22,7 @@ from ._embedding_fields import EmbeddingFields
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._identity import IdentityMap
 from ._media_bytes import freeze_media_with_bytes, is_media_with_bytes
-from ._sealed import current, given_back_tensor, seal_image, seal_of, seal_tensor
+from ._sealed import current, given_back_tensor, read_only_copy, seal_image, seal_of, seal_tensor
 
 __all__ = ["FrozenDict"]
 
@@ -264,19 +264,26 @@ def is_immutable_array(array: np.ndarray[Any, Any]) -> bool:
     )
 
 
-def frozen_array(data: bytes, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-    """A read-only array of ``shape`` over ``data``, which only the caller holds: a record's own.
-
-    For bytes this module, the unpickler or the wire decoder made, never a caller's.
-    """
-    array: np.ndarray[Any, Any] = np.frombuffer(data, dtype=dtype, count=math.prod(shape)).reshape(shape)
+def _own(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     _OWN_ARRAYS.put(array, (array.base, array.dtype, array.shape, array.strides))
     return array
 
 
+def frozen_array(data: bytes, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    """A read-only array of ``shape`` over ``data``, which only the caller holds: a record's own.
+
+    For bytes this module, the unpickler or the wire decoder made, never a caller's. From
+    ``PROTECTED_FROM`` bytes they are copied once more, onto pages no one can write.
+    """
+    array: np.ndarray[Any, Any] = np.frombuffer(data, dtype=dtype, count=math.prod(shape)).reshape(shape)
+    protected = read_only_copy(array)
+    return _own(array if protected is None else protected)
+
+
 def immutable_array(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """``array`` when :func:`is_immutable_array` (a record's own), else a copy of it a
-    record owns (:func:`frozen_array`).
+    record owns: read-only over a ``bytes`` object, on pages the kernel refuses to write
+    from ``PROTECTED_FROM`` bytes (``_sealed.read_only_copy``).
 
     The copy is a plain C-ordered ``ndarray`` of the same dtype and shape (a subclass,
     such as a masked array, gives its data): vLLM keys a non-contiguous array like its
@@ -284,8 +291,13 @@ def immutable_array(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """
     if type(array) is np.ndarray and is_immutable_array(array):
         return array
-    plain = np.ascontiguousarray(np.asarray(array))
-    return frozen_array(bytes(plain.reshape(-1).view(np.uint8).data), plain.dtype, array.shape)
+    source = np.asarray(array)
+    copy = read_only_copy(source)  # the very array its protection is tied to: not reshaped
+    if copy is None:
+        plain = np.ascontiguousarray(source)
+        data = bytes(plain.reshape(-1).view(np.uint8).data)
+        copy = np.frombuffer(data, plain.dtype, plain.size).reshape(array.shape)
+    return _own(copy)
 
 
 def beyond_unicode(value: np.ndarray[Any, Any] | np.generic) -> tuple[int, tuple[int, ...], int] | None:

@@ -27,6 +27,7 @@ given a record's view, a hasher's public calls included, reads the object as it 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import copy
@@ -71,6 +72,9 @@ _LIBC_CALLS: Final = (
     ("close", ctypes.c_int, [ctypes.c_int]),
     ("mmap", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, *[ctypes.c_int] * 3, ctypes.c_long]),
     ("munmap", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t]),
+    ("mprotect", ctypes.c_int, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
+    ("memcpy", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]),
+    ("memset", ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]),
 )
 
 
@@ -158,19 +162,24 @@ def made_in_this_call(key: tuple[object, ...], given: object, make: Callable[...
     return result
 
 
-class _Budget:
-    """The open files mapped stores hold now, against their share of the process's limit."""
+def _open_files_share() -> int:
+    try:
+        import resource
 
-    def __init__(self) -> None:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return (soft if soft != resource.RLIM_INFINITY else 1 << 16) // _FD_SHARE
+    except (ImportError, OSError, ValueError):
+        return 0
+
+
+class _Budget:
+    """What the stores hold now (open files, protected ranges) against their share of
+    the process's limit."""
+
+    def __init__(self, limit: int) -> None:
         self._lock = threading.Lock()
         self.open = 0
-        try:
-            import resource
-
-            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-            self.limit = (soft if soft != resource.RLIM_INFINITY else 1 << 16) // _FD_SHARE
-        except (ImportError, OSError, ValueError):
-            self.limit = 0
+        self.limit = limit
 
     def take(self) -> bool:
         with self._lock:
@@ -184,7 +193,7 @@ class _Budget:
             self.open -= 1
 
 
-_BUDGET: Final = _Budget()
+_BUDGET: Final = _Budget(_open_files_share())
 
 
 # ``fill(write)`` writes an item's bytes in order, a buffer at a time, through ``write``.
@@ -735,3 +744,103 @@ def seal_tensor(tensor: Any) -> Any:
         write(flat.view(torch.uint8).numpy())
 
     return _register(Seal(source.numel() * source.element_size(), fill, make))
+
+
+# -- arrays --
+
+# From this many bytes a record's array lives on pages the kernel refuses to write (see
+# read_only_copy); below it the two protection calls would cost several times the copy.
+PROTECTED_FROM: Final = 64 << 10
+# Each protected range splits a mapping of the heap in up to three (two more), and the
+# kernel allows a process vm.max_map_count mappings in all: the ranges may add this share.
+_MAPPINGS_SHARE: Final = 4
+
+
+def _protected_ranges_share() -> int:
+    if _LIBC is None:
+        return 0
+    try:
+        with open("/proc/sys/vm/max_map_count", "rb") as limit:
+            return int(limit.read()) // _MAPPINGS_SHARE // 2
+    except (OSError, ValueError):
+        return 0
+
+
+_PROTECTED: Final = _Budget(_protected_ranges_share())
+# An uninitialised bytes object, which its maker fills before anyone else sees it.
+_NEW_BYTES: Final = ctypes.pythonapi.PyBytes_FromStringAndSize
+_NEW_BYTES.restype, _NEW_BYTES.argtypes = ctypes.py_object, [ctypes.c_void_p, ctypes.c_ssize_t]
+_PROBE: Final = b"omni-requests"
+# Where a bytes object's first byte lies, from the object's address (CPython's layout).
+_BYTES_DATA: Final = (ctypes.cast(ctypes.c_char_p(_PROBE), ctypes.c_void_p).value or 0) - id(_PROBE)
+
+
+class _Protection(weakref.ref):  # type: ignore[type-arg]
+    """Pages of ``data`` kept read-only while the array over them lives."""
+
+    __slots__ = ("data", "size", "start")
+    data: bytes
+    size: int
+    start: int
+
+
+# The live protections, by their own identity (a weak reference calls back only while it
+# is itself alive, and hashes as its array, which cannot be hashed).
+_PROTECTIONS: Final[dict[int, _Protection]] = {}
+# Bytes whose pages could not be made writable again: never freed, or the allocator would
+# hand read-only pages to its next caller.
+_KEPT: Final[list[bytes]] = []
+
+
+def _lift(protection: _Protection) -> None:
+    """Makes the pages writable again, before ``data`` can go back to the allocator."""
+    _PROTECTIONS.pop(id(protection), None)
+    if _LIBC.mprotect(protection.start, protection.size, _READ_WRITE) != 0:
+        _KEPT.append(protection.data)
+    _PROTECTED.give_back()
+
+
+@atexit.register
+def _lift_all() -> None:
+    # At exit objects are freed without their weak references' callbacks.
+    for protection in list(_PROTECTIONS.values()):
+        _lift(protection)
+
+
+def read_only_copy(source: Any) -> Any:
+    """A read-only C-ordered copy of numpy array ``source`` over a ``bytes`` object whose
+    pages under it the kernel refuses to write for as long as the copy lives; None from
+    arrays under ``PROTECTED_FROM`` or where the system has no protection to spare (the
+    caller copies into a plain ``bytes`` object).
+
+    numpy refuses to make the copy writable; the pages stop what ignores that flag too
+    (``torch.from_numpy`` and its kin, ``ctypes``): a write through them kills the process
+    with SIGSEGV instead of changing bytes whose key a record has cached.
+    """
+    import numpy as np
+
+    nbytes = source.nbytes
+    if _LIBC is None or nbytes < PROTECTED_FROM or not _PROTECTED.take():
+        return None
+    data = _NEW_BYTES(None, nbytes + 2 * _PAGE)  # room to start on a page and end on one
+    address = id(data) + _BYTES_DATA
+    start = -(-address // _PAGE) * _PAGE
+    size = -(-nbytes // _PAGE) * _PAGE
+    # The slack before and after is zeroed: it held whatever the allocator's last user
+    # left. libc's calls, which hold the GIL, as a bytes copy does (see _LIBC_CALLS).
+    _LIBC.memset(address, 0, start - address)
+    _LIBC.memset(start + nbytes, 0, address + len(data) - start - nbytes)
+    if source.flags.c_contiguous:
+        _LIBC.memcpy(start, source.ctypes.data, nbytes)
+    else:  # numpy reads it in C order, as np.ascontiguousarray would
+        target = np.frombuffer((ctypes.c_ubyte * nbytes).from_address(start), source.dtype, source.size)
+        np.copyto(target.reshape(source.shape), source, casting="no")
+        del target
+    copy = np.frombuffer(data, source.dtype, source.size, start - address).reshape(source.shape)
+    if _LIBC.mprotect(start, size, mmap.PROT_READ) != 0:  # no mapping to spare
+        _PROTECTED.give_back()
+        return copy
+    protection = _Protection(copy, _lift)
+    protection.data, protection.size, protection.start = data, size, start
+    _PROTECTIONS[id(protection)] = protection
+    return copy

@@ -385,7 +385,7 @@ def test_mapped_stores_may_hold_a_quarter_of_the_open_file_limit() -> None:
 
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     expected = (soft if soft != resource.RLIM_INFINITY else 1 << 16) // 4
-    assert _sealed._Budget().limit == _sealed._BUDGET.limit == expected
+    assert _sealed._open_files_share() == _sealed._BUDGET.limit == expected
 
 
 def test_hand_outs_hold_no_open_file_however_many_are_kept() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import uuid
@@ -170,6 +171,123 @@ def test_a_callers_array_over_a_memoryview_it_can_release_is_copied() -> None:
     key, item = _sent(record, "image")
     assert key == first == _truth("image", item)
     assert item.reshape(-1).tolist() == list(range(256)) + list(range(128))
+
+
+# What a write through each road that ignores numpy's read-only flag does to a record's
+# array of 64 KiB or more (built, unpickled, or decoded from the wire format): the kernel
+# refuses it and the process dies, before any request can carry the stale key.
+_WRITE_BEHIND_THE_FLAG = """
+import ctypes, pickle, sys, warnings
+import numpy as np
+from omni_requests import MediaHasher, TextPrompt, scope_to_replica, wire
+from omni_requests_vllm import to_vllm
+warnings.simplefilter("ignore")  # torch warns that the array is not writable, and goes on
+frames = np.random.default_rng(7).integers(0, 256, (4, 96, 96, 3), dtype=np.uint8)  # 108 KiB
+record = TextPrompt(prompt="x", multi_modal_data={"video": frames})
+record = {"built": lambda r: r, "pickled": lambda r: pickle.loads(pickle.dumps(r)), "wire": lambda r: wire.decode(wire.encode(r))}[sys.argv[1]](record)
+record = scope_to_replica(record, 0, hasher=MediaHasher("/models/tiny-vl"))
+first = to_vllm(record)["multi_modal_uuids"]["video"][0]
+item = to_vllm(record)["multi_modal_data"]["video"][0]
+data = item
+while not isinstance(data, bytes):
+    data = data.base
+middle = len(data) // 2
+print("ready", flush=True)
+if sys.argv[2] == "ctypes":
+    ctypes.memset(item.ctypes.data + 100, 0xAB, 1)
+elif sys.argv[2] == "ndarray.__setstate__":
+    twin = np.ndarray(0, np.uint8)
+    twin.__setstate__((1, (len(data),), np.dtype(np.uint8), False, data))
+    twin[middle] ^= 0xFF
+else:
+    import torch
+    road = {"torch.from_numpy": lambda: torch.from_numpy(item), "torch.as_tensor": lambda: torch.as_tensor(item),
+            "torch.asarray": lambda: torch.asarray(item), "torch.frombuffer": lambda: torch.frombuffer(data, dtype=torch.uint8)}
+    tensor = road[sys.argv[2]]().reshape(-1)
+    tensor[middle if sys.argv[2] == "torch.frombuffer" else 100] += 1
+same = to_vllm(record)["multi_modal_uuids"]["video"][0] == first
+print("written; the record sends", "its old key for new bytes" if same else "a new key", flush=True)
+"""
+
+_ROADS = [
+    "ctypes",
+    "ndarray.__setstate__",
+    "torch.from_numpy",
+    "torch.as_tensor",
+    "torch.asarray",
+    "torch.frombuffer",
+]
+
+
+@pytest.mark.parametrize(
+    ("received", "road"),
+    [("built", road) for road in _ROADS]
+    + [("pickled", "ctypes"), ("wire", "ctypes"), ("wire", "torch.from_numpy")],
+)
+def test_a_write_that_ignores_the_read_only_flag_is_refused_by_the_kernel(received: str, road: str) -> None:
+    # These roads write a read-only array's memory anyway (torch only warns): over a
+    # plain bytes object they changed the bytes a record had cached its key for.
+    if road.startswith("torch"):
+        pytest.importorskip("torch")
+    done = subprocess.run(
+        [sys.executable, "-c", _WRITE_BEHIND_THE_FLAG, received, road],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.stdout.startswith("ready"), done.stderr
+    assert "written" not in done.stdout
+    assert done.returncode == -signal.SIGSEGV, done.stderr
+
+
+_PROTECTION_LIFTED = """
+import gc, sys
+import numpy as np
+from omni_requests import TextPrompt
+from omni_requests._sealed import _PROTECTED, _PROTECTIONS
+for round in range(40):
+    record = TextPrompt(prompt="x", multi_modal_data={"audio": [np.full(70000 + round * 4099, round, np.float32)]})
+    array = record.multi_modal_data["audio"][0]
+    if sys.argv[1] == "setstate":  # the array given other bytes while its own are protected
+        array.__setstate__((1, (3,), np.dtype(np.float32), False, bytes(12)))
+    del record, array
+    # The allocator hands the freed memory to its next callers, who write it.
+    for junk in [bytearray(b"x" * (300000 + 4096 * k)) for k in range(8)]:
+        junk[::4096] = b"y" * len(junk[::4096])
+gc.collect()
+print(len(_PROTECTIONS), _PROTECTED.open)
+"""
+
+
+@pytest.mark.parametrize("how", ["dropped", "setstate"])
+def test_a_records_array_gives_its_pages_back_writable_when_it_dies(how: str) -> None:
+    # Protected pages given back to the allocator read-only would kill its next caller.
+    done = subprocess.run(
+        [sys.executable, "-c", _PROTECTION_LIFTED, how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert done.stdout.split() == ["0", "0"]
+
+
+def test_without_protection_to_spare_a_records_array_is_still_its_own_read_only_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from omni_requests import _sealed
+
+    frames = video(3, side=96)
+    protected = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": frames}), 0, hasher=HASHER)
+    monkeypatch.setattr(_sealed._PROTECTED, "limit", _sealed._PROTECTED.open)
+    plain = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": frames}), 0, hasher=HASHER)
+    assert frames.nbytes >= _sealed.PROTECTED_FROM
+    (key, item), (plain_key, plain_item) = _sent(protected), _sent(plain)
+    assert type(item.base.base if isinstance(item.base, np.ndarray) else item.base) is bytes
+    assert id(item) in {id(p()) for p in _sealed._PROTECTIONS.values()}
+    assert id(plain_item) not in {id(p()) for p in _sealed._PROTECTIONS.values()}
+    assert not plain_item.flags.writeable and not np.shares_memory(plain_item, frames)
+    assert key == plain_key == _truth("video", plain_item) and np.array_equal(item, plain_item)
 
 
 # -- 2. a cache equates only what the hash equates --

@@ -156,3 +156,32 @@ def test_cached_only_item_is_served_on_its_home_replica_and_refused_elsewhere(
     assert frontend.sender_keys == {key}
     assert frontend.replica_keys(home)["receiver"] == {key} == frontend.replica_keys(home)["encoder"]
     assert frontend.replica_keys(1 - home)["receiver"] == set() == frontend.replica_keys(1 - home)["encoder"]
+
+
+def test_protected_arrays_reach_the_model_read_and_never_written(
+    new_llm: Any, reference: Any, greedy: Any, model_dir: Any
+) -> None:
+    # From 64 KiB a record's array lies on pages the kernel refuses to write: a write
+    # anywhere in vLLM's processing (Hugging Face's video processor takes a torch.from_numpy
+    # view of channel-first videos) would kill this process. The engine reads them and
+    # answers as for the caller's own writable arrays.
+    from omni_requests import _sealed
+
+    rng = np.random.default_rng(500)
+    clips = [rng.integers(0, 256, (4, 112, 112, 3), dtype=np.uint8) for _ in range(2)]  # 147 KiB each
+    photo = rng.integers(0, 256, (168, 168, 3), dtype=np.uint8)  # 83 KiB
+    text = prompt_text(image=1, video=1)
+    right = [reference(text, {"image": [photo], "video": [clip]}) for clip in clips]
+    assert right[0] != right[1], "the model must tell the videos apart"
+    llm = new_llm()
+    for clip, answer in zip(clips, right, strict=True):
+        record = scope_to_replica(
+            TextPrompt(prompt=text, multi_modal_data={"image": [photo], "video": [clip]}),
+            0,
+            hasher=MediaHasher(str(model_dir)),
+        )
+        held = {id(protection()) for protection in _sealed._PROTECTIONS.values()}
+        assert {id(record.multi_modal_data[m][0]) for m in ("image", "video")} <= held
+        for _ in range(2):  # sent twice: the second request reads the same protected pages
+            (out,) = llm.generate(to_vllm(record), greedy, use_tqdm=False)
+            assert output_of(out) == answer
