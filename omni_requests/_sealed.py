@@ -793,11 +793,31 @@ _KEPT: Final[list[bytes]] = []
 
 
 def _lift(protection: _Protection) -> None:
-    """Makes the pages writable again, before ``data`` can go back to the allocator."""
-    _PROTECTIONS.pop(id(protection), None)
+    """Makes the pages writable again, before ``data`` can go back to the allocator.
+
+    The system call comes first: a signal handler that raises (a request timeout, Ctrl-C)
+    runs between Python's steps, and one raised before it would leave the pages
+    read-only under memory the allocator hands to its next caller."""
     if _LIBC.mprotect(protection.start, protection.size, _READ_WRITE) != 0:
         _KEPT.append(protection.data)
-    _PROTECTED.give_back()
+    if _PROTECTIONS.pop(id(protection), None) is not None:  # once per protection
+        _PROTECTED.give_back()
+
+
+def _take_protection() -> bool:
+    """A unit of the budget; at its limit, first a recount from the live protections.
+
+    A signal handler that raises (a request timeout) between two steps of ``_lift`` or of
+    ``read_only_copy`` can leave a unit counted with no protection behind it, or a dead
+    protection in the table: the recount lifts those and counts what lives."""
+    if _PROTECTED.take():
+        return True
+    for protection in list(_PROTECTIONS.values()):
+        if protection() is None:
+            _lift(protection)
+    with _PROTECTED._lock:
+        _PROTECTED.open = len(_PROTECTIONS)
+    return _PROTECTED.take()
 
 
 @atexit.register
@@ -820,26 +840,38 @@ def read_only_copy(source: Any) -> Any:
     import numpy as np
 
     nbytes = source.nbytes
-    if _LIBC is None or nbytes < PROTECTED_FROM or not _PROTECTED.take():
+    if _LIBC is None or nbytes < PROTECTED_FROM or not _take_protection():
         return None
-    data = _NEW_BYTES(None, nbytes + 2 * _PAGE)  # room to start on a page and end on one
-    address = id(data) + _BYTES_DATA
-    start = -(-address // _PAGE) * _PAGE
-    size = -(-nbytes // _PAGE) * _PAGE
-    # The slack before and after is zeroed: it held whatever the allocator's last user
-    # left. libc's calls, which hold the GIL, as a bytes copy does (see _LIBC_CALLS).
-    _LIBC.memset(address, 0, start - address)
-    _LIBC.memset(start + nbytes, 0, address + len(data) - start - nbytes)
-    if source.flags.c_contiguous:
-        _LIBC.memcpy(start, source.ctypes.data, nbytes)
-    else:  # numpy reads it in C order, as np.ascontiguousarray would
-        target = np.frombuffer((ctypes.c_ubyte * nbytes).from_address(start), source.dtype, source.size)
-        np.copyto(target.reshape(source.shape), source, casting="no")
-        del target
-    copy = np.frombuffer(data, source.dtype, source.size, start - address).reshape(source.shape)
-    if _LIBC.mprotect(start, size, mmap.PROT_READ) != 0:  # no mapping to spare
+    protection = None
+    try:
+        data = _NEW_BYTES(None, nbytes + 2 * _PAGE)  # room to start on a page and end on one
+        address = id(data) + _BYTES_DATA
+        start = -(-address // _PAGE) * _PAGE
+        size = -(-nbytes // _PAGE) * _PAGE
+        # The slack before and after is zeroed: it held whatever the allocator's last user
+        # left. libc's calls, which hold the GIL, as a bytes copy does (see _LIBC_CALLS).
+        _LIBC.memset(address, 0, start - address)
+        _LIBC.memset(start + nbytes, 0, address + len(data) - start - nbytes)
+        if source.flags.c_contiguous:
+            _LIBC.memcpy(start, source.ctypes.data, nbytes)
+        else:  # numpy reads it in C order, as np.ascontiguousarray would
+            target = np.frombuffer((ctypes.c_ubyte * nbytes).from_address(start), source.dtype, source.size)
+            np.copyto(target.reshape(source.shape), source, casting="no")
+            del target
+        copy = np.frombuffer(data, source.dtype, source.size, start - address).reshape(source.shape)
+        # Registered before the pages are protected: from here on, whatever is raised,
+        # the array's death makes them writable again and gives the budget back.
+        protection = _Protection(copy, _lift)
+        protection.data, protection.size, protection.start = data, size, start
+        _PROTECTIONS[id(protection)] = protection
+    except BaseException:  # a copy that failed (MemoryError) or a signal handler's raise
+        if protection is not None:  # its pages were never protected
+            _PROTECTIONS.pop(id(protection), None)
         _PROTECTED.give_back()
-        return copy
+        raise
+    if _LIBC.mprotect(start, size, mmap.PROT_READ) != 0:  # no mapping to spare: a plain copy
+        _lift(protection)
+    return copy
     protection = _Protection(copy, _lift)
     protection.data, protection.size, protection.start = data, size, start
     _PROTECTIONS[id(protection)] = protection

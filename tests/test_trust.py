@@ -272,6 +272,75 @@ def test_a_records_array_gives_its_pages_back_writable_when_it_dies(how: str) ->
     assert done.stdout.split() == ["0", "0"]
 
 
+def test_a_record_that_fails_to_copy_its_array_gives_its_protection_back() -> None:
+    # Each failed build once kept a unit of the budget: after 8,191 of them no array was
+    # protected, and a write through torch.from_numpy changed one under its key again.
+    from omni_requests import _sealed
+
+    before = _sealed._PROTECTED.open
+    huge = np.broadcast_to(np.zeros(1, np.uint8), (1 << 60,))  # one real byte, 2**60 read
+    for _ in range(3):
+        with pytest.raises(MemoryError):
+            TextPrompt(prompt="x", mm_processor_kwargs={"a": huge})
+    assert _sealed._PROTECTED.open == before
+
+
+_INTERRUPTED = """
+import signal, sys, time
+import numpy as np
+from omni_requests import TextPrompt
+from omni_requests._sealed import _PROTECTED
+class Timeout(Exception):
+    pass
+def expire(*_):
+    raise Timeout
+frames = np.zeros((4, 96, 96, 3), np.uint8)
+signal.signal(signal.SIGALRM, expire)
+for i in range(int(sys.argv[1])):
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.00001 + (i % 53) * 2e-6)
+        record = TextPrompt(prompt="x", multi_modal_data={"video": frames})
+        del record
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        time.sleep(0)
+    except Timeout:
+        pass
+signal.setitimer(signal.ITIMER_REAL, 0)
+print(_PROTECTED.open)
+"""
+
+
+def test_request_timeouts_raised_while_records_are_built_leave_no_page_read_only() -> None:
+    # A server's SIGALRM timeout raising inside the copy left pages read-only under freed
+    # memory: a later record's copy onto them killed the process (found by a review).
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED, "20000"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # A raise inside a weak reference's callback can leave a unit counted; at the limit
+    # the budget is recounted from the protections alive (0 here, as nothing is).
+    from omni_requests import _sealed
+
+    assert int(done.stdout) <= _sealed._PROTECTED.limit
+
+
+_RECOUNT = """
+from omni_requests import _sealed, TextPrompt
+import numpy as np
+_sealed._PROTECTED.open = _sealed._PROTECTED.limit  # every unit counted, none alive
+record = TextPrompt(prompt="x", multi_modal_data={"video": np.zeros((4, 96, 96, 3), np.uint8)})
+array = record.multi_modal_data["video"][0]
+print(any(p() is array for p in _sealed._PROTECTIONS.values()), _sealed._PROTECTED.open)
+"""
+
+
+def test_a_budget_counted_without_protections_behind_it_is_recounted_at_its_limit() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _RECOUNT], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["True", "1"]
+
+
 def test_without_protection_to_spare_a_records_array_is_still_its_own_read_only_copy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
