@@ -872,7 +872,3 @@ def read_only_copy(source: Any) -> Any:
     if _LIBC.mprotect(start, size, mmap.PROT_READ) != 0:  # no mapping to spare: a plain copy
         _lift(protection)
     return copy
-    protection = _Protection(copy, _lift)
-    protection.data, protection.size, protection.start = data, size, start
-    _PROTECTIONS[id(protection)] = protection
-    return copy
