@@ -192,6 +192,11 @@ class _Budget:
         with self._lock:
             self.open -= 1
 
+    def recount(self, held: int) -> None:
+        """Sets what is held now, counted afresh by the caller."""
+        with self._lock:
+            self.open = held
+
 
 _BUDGET: Final = _Budget(_open_files_share())
 
@@ -815,8 +820,7 @@ def _take_protection() -> bool:
     for protection in list(_PROTECTIONS.values()):
         if protection() is None:
             _lift(protection)
-    with _PROTECTED._lock:
-        _PROTECTED.open = len(_PROTECTIONS)
+    _PROTECTED.recount(len(_PROTECTIONS))
     return _PROTECTED.take()
 
 
