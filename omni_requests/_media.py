@@ -385,11 +385,7 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
     if isinstance(value, np.generic):
         if value.dtype.hasobject or value.dtype.itemsize == 0:
             raise PromptTypeError(path, f"numpy scalars of dtype {value.dtype} cannot be hashed")
-        if isinstance(value, np.void):  # a view into the caller's structured array: own a copy
-            check_code_points(value, path)
-            frozen_void: Any = immutable_array(np.array(value))[()]
-            return frozen_void
-        return value
+        return _owned_void(value, path) if isinstance(value, np.void) else value
     kind = media_kind(value)
     if (kind is MediaKind.SEQUENCE or kind is MediaKind.MAPPING) and (
         is_torch_tensor(value) or is_pil_image(value)
@@ -513,10 +509,17 @@ def tensor_bytes(tensor: Any) -> Any:
     return tensor.detach().cpu().contiguous().reshape(-1).view(_torch_uint8())
 
 
+def _owned_void(value: np.void, path: str) -> Any:
+    """A structured element as an immutable copy: ``array[i]`` is a view into the
+    caller's array, which the caller could write later."""
+    check_code_points(value, path)
+    return immutable_array(np.array(value))[()]
+
+
 def freeze_option(value: object, path: str, depth: int = 0) -> object:
     """Freeze an option value (processor kwargs, stage payloads): any value, containers frozen.
 
-    Arrays become immutable like media (:func:`immutable_array`); a bytearray or
+    Arrays and structured elements become immutable like media (:func:`immutable_array`); a bytearray or
     memoryview becomes ``bytes`` (a copy): the caller could write through either, and a
     memoryview cannot be pickled. Text must encode as UTF-8 (:func:`check_text`): the
     wire format and vLLM's hasher encode it. Other objects are kept as given.
@@ -524,6 +527,8 @@ def freeze_option(value: object, path: str, depth: int = 0) -> object:
     if isinstance(value, str):
         check_text(path, str.__str__(value))
         return value
+    if isinstance(value, np.void) and not value.dtype.hasobject and value.dtype.itemsize:
+        return _owned_void(value, path)
     if isinstance(value, (np.ndarray, np.void)):
         check_code_points(value, path)
     if isinstance(value, np.ndarray):

@@ -193,6 +193,20 @@ def test_writable_buffers_in_options_are_copied_to_bytes() -> None:
     assert pickle.loads(pickle.dumps(p)) == p  # a memoryview would not pickle
 
 
+def test_structured_elements_in_options_are_owned_copies() -> None:
+    # ``rows[0]`` is a view into the caller's array: a later write to the array must not
+    # reach the record (media copied these already; options kept the view).
+    rows = np.array([(1, 2.0), (3, 4.0)], dtype=[("a", "<i2"), ("b", "<f8")])
+    p = TextPrompt(prompt="x", mm_processor_kwargs={"row": rows[0]}, additional_information={"r": [rows[1]]})
+    rows["a"] = 9
+    assert p.mm_processor_kwargs is not None and p.additional_information is not None
+    assert p.mm_processor_kwargs["row"].tolist() == (1, 2.0)
+    assert p.additional_information["r"][0].tolist() == (3, 4.0)
+    with pytest.raises(ValueError, match="read-only"):
+        p.mm_processor_kwargs["row"]["a"] = 5
+    assert rows.tolist() == [(9, 2.0), (9, 4.0)]  # the caller's array is its own
+
+
 def test_option_values_beyond_containers_numbers_and_buffers_are_shared_as_documented() -> None:
     # docs/engine-integration.md: containers, numeric arrays and buffers are frozen; every
     # other value (a tensor, an object array, a set) is the caller's object, shared.
