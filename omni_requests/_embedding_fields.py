@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._frozen import refuse_second_init
 
 __all__ = ["EmbeddingFields", "merge_embedding_fields"]
 
@@ -71,8 +72,7 @@ class EmbeddingFields(Mapping[str, Any]):
     def __init__(self, fields: Mapping[str, Any], layout: Mapping[str, str]) -> None:
         from ._media import check_hashable_tensor, check_text, is_torch_tensor
 
-        if hasattr(self, "_fields"):  # __init__ called again by hand: it would rewrite a record's item
-            raise TypeError(f"{type(self).__name__} is immutable; build a new one")
+        refuse_second_init(self, "_fields")
         path = "$.fields"
         if not isinstance(fields, Mapping):
             raise PromptTypeError(path, f"must be a mapping of field name to tensor, got {type_name(fields)}")
@@ -156,6 +156,9 @@ class EmbeddingFields(Mapping[str, Any]):
     def __reduce__(self) -> tuple[type[EmbeddingFields], tuple[dict[str, Any], dict[str, str]]]:
         # Copies: whoever calls it gets tensors a write to which cannot reach the item.
         return (type(self), ({name: t.clone() for name, t in self._fields.items()}, dict(self._layout)))
+
+    def __getstate__(self) -> tuple[dict[str, Any], dict[str, str]]:
+        return self.__reduce__()[1]  # copies, as __reduce__'s (object's would be the live tensors)
 
 
 def check_embedding_items(path: str, modality: str, items: list[object]) -> None:

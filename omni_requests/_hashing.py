@@ -31,6 +31,7 @@ from pyrsistent import PVector
 from . import _image_road
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
+from ._frozen import refuse_second_init
 from ._image_road import pixels
 from ._media import (
     IMAGE_MODES,
@@ -621,7 +622,7 @@ def _check_algorithm(_: object, attribute: attrs.Attribute[str], value: object) 
         )
 
 
-@attrs.frozen
+@attrs.frozen(getstate_setstate=False)
 class MediaHasher:
     """Computes a media item's content key exactly as vLLM does.
 
@@ -646,6 +647,12 @@ class MediaHasher:
 
     model_id: str = attrs.field(validator=_check_model_id)
     algorithm: HashAlgorithm = attrs.field(default="blake3", validator=_check_algorithm)
+
+    def __attrs_pre_init__(self) -> None:
+        refuse_second_init(self, "model_id")  # keys cached under the hasher would go stale
+
+    def __reduce__(self) -> tuple[type[MediaHasher], tuple[str, str]]:
+        return (type(self), (self.model_id, self.algorithm))  # through the constructor: checked again
 
     def key(self, modality: str, item: object) -> str:
         """The hex digest vLLM computes for ``item`` under ``modality``."""

@@ -14,6 +14,7 @@ from typing import Final
 import attrs
 
 from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._frozen import refuse_second_init
 from ._hashing import MediaHasher
 
 __all__ = ["KeyOrigin", "KeyPolicy", "MediaKey", "Scope", "looks_scoped", "reserved_prefix"]
@@ -92,7 +93,7 @@ class KeyOrigin(enum.Enum):
     """The hash of the item's content."""
 
 
-@attrs.frozen(cache_hash=True)
+@attrs.frozen(cache_hash=True, getstate_setstate=False)
 class KeyPolicy:
     """Opt-in protections for user-supplied UUIDs, applied where keys are rendered.
 
@@ -121,6 +122,9 @@ class KeyPolicy:
     bind_content: bool = attrs.field(default=False, validator=_flag)
     """Bind user UUIDs to a cheap fingerprint of their item (:meth:`MediaHasher.fingerprint`),
     so a UUID reused for other media gets another key. Items must be sent, not cached-only."""
+
+    def __attrs_pre_init__(self) -> None:
+        refuse_second_init(self, "namespaces")  # shared by every scope and record using it
 
     def __attrs_post_init__(self) -> None:
         if self.tenant_content and self.tenant is None:
@@ -159,7 +163,7 @@ def _policy(_: object, attribute: attrs.Attribute[KeyPolicy], value: object) -> 
         raise PromptTypeError(f"$.{attribute.name}", f"must be a KeyPolicy, got {type_name(value)}")
 
 
-@attrs.frozen
+@attrs.frozen(getstate_setstate=False)
 class Scope:
     """Where a prompt is routed: a stage, one of its replicas, the hasher for content keys,
     and the :class:`KeyPolicy` keys render with (the default renders as vllm-omni does)."""
@@ -168,6 +172,9 @@ class Scope:
     replica_id: int = attrs.field(converter=_replica_index)
     hasher: MediaHasher = attrs.field(validator=_hasher)
     policy: KeyPolicy = attrs.field(default=_DEFAULT_POLICY, validator=_policy)
+
+    def __attrs_pre_init__(self) -> None:
+        refuse_second_init(self, "stage_id")
 
     @property
     def prefix(self) -> str:
@@ -232,7 +239,7 @@ def key_text(scope: Scope) -> KeyText:
     return text
 
 
-@attrs.frozen
+@attrs.frozen(getstate_setstate=False)
 class MediaKey:
     """A media item's cache key: its base, where the base came from, and its scope.
 
@@ -244,6 +251,12 @@ class MediaKey:
     origin: KeyOrigin
     scope: Scope | None = None
     binding: str | None = None
+
+    def __attrs_pre_init__(self) -> None:
+        refuse_second_init(self, "base")
+
+    def __reduce__(self) -> tuple[type[MediaKey], tuple[str, KeyOrigin, Scope | None, str | None]]:
+        return (type(self), (self.base, self.origin, self.scope, self.binding))  # like Scope's
 
     def render(self) -> str:
         """The string the engine sees: ``stage{S}:rep{R}:{base}``, or the bare base.

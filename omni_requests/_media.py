@@ -20,6 +20,7 @@ from pyrsistent import PMap, PVector, pmap, pvector
 
 from ._embedding_fields import EmbeddingFields
 from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._frozen import refuse_second_init
 from ._identity import IdentityMap
 from ._media_bytes import freeze_media_with_bytes, is_media_with_bytes
 from ._sealed import current, given_back_tensor, read_only_copy, seal_image, seal_of, seal_tensor
@@ -43,8 +44,7 @@ class FrozenDict(Mapping[_K, _V]):
     _hash: int | None
 
     def __init__(self, data: Mapping[_K, _V] | None = None) -> None:
-        if hasattr(self, "_data"):  # __init__ called again by hand: it would rewrite the map in place
-            raise TypeError(f"{type(self).__name__} is immutable; build a new one")
+        refuse_second_init(self, "_data")
         object.__setattr__(self, "_data", dict(data) if data is not None else {})
         object.__setattr__(self, "_hash", None)
 
@@ -77,6 +77,9 @@ class FrozenDict(Mapping[_K, _V]):
 
     def __reduce__(self) -> tuple[type[FrozenDict[_K, _V]], tuple[dict[_K, _V]]]:
         return (type(self), (dict(self._data),))  # a copy: the caller may change what it gets
+
+    def __getstate__(self) -> tuple[dict[_K, _V]]:
+        return self.__reduce__()[1]  # copies, as __reduce__'s (object's would be the live map)
 
 
 def is_torch_tensor(value: object) -> bool:

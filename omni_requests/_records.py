@@ -20,6 +20,7 @@ from pyrsistent import PMap, PVector, pvector
 from ._embedding_fields import EmbeddingFields, check_embedding_items
 from ._errors import InvalidPromptError, PromptTypeError, type_name
 from ._exif import pickled_tags, restore_parser_tags, same_value
+from ._frozen import refuse_second_init
 from ._hashing import MediaHasher, _exif_image_id, _parsed_as, rgb_conversion_error
 from ._identity import IdentityMap
 from ._keys import Scope, looks_scoped, reserved_prefix
@@ -638,7 +639,7 @@ class _Derived:
     _view: tuple[MediaRow, ...]
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, getstate_setstate=False)
 class _Prompt(_Derived):
     """Fields every single prompt shares (vLLM's ``_PromptOptions`` plus vllm-omni's)."""
 
@@ -669,10 +670,18 @@ class _Prompt(_Derived):
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         return (_rebuild, (type(self), plain_fields(self)))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The fields as __reduce__ gives them; never the memo, which scoped copies share.
+        # No __setstate__: a built record is never loaded over (attrs would make one).
+        return plain_fields(self)
+
     def __copy__(self) -> Self:
         # Immutable, as a tuple is: its copy is itself. copy.copy would otherwise hand
         # __reduce__'s pickle-only wrappers to the constructor (vllm-omni copies prompts).
         return self
+
+    def __attrs_pre_init__(self) -> None:
+        refuse_second_init(self, "_view")  # set last by every road that builds a record
 
     def __attrs_post_init__(self) -> None:
         data, uuids = plain_map(self.multi_modal_data), plain_map(self.multi_modal_uuids)
@@ -795,7 +804,7 @@ def _check_uuids_name_their_items(uuids: MediaUUIDs, view: tuple[MediaRow, ...])
                 )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, getstate_setstate=False)
 class TextPrompt(_Prompt):
     """A text prompt (vLLM's ``TextPrompt``, vllm-omni's ``OmniTextPrompt``).
 
@@ -818,7 +827,7 @@ class TextPrompt(_Prompt):
     """vllm-omni's task selector for one pipeline (``["image"]``, ``["img2img"]``, ``["text"]``)."""
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, getstate_setstate=False)
 class TokensPrompt(_Prompt):
     """A tokenized prompt (vLLM's ``TokensPrompt``, vllm-omni's ``OmniTokensPrompt``)."""
 
@@ -837,7 +846,7 @@ class TokensPrompt(_Prompt):
     )
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, getstate_setstate=False)
 class EmbedsPrompt(_Prompt):
     """A prompt given as embeddings (vLLM's ``EmbedsPrompt``, vllm-omni's ``OmniEmbedsPrompt``)."""
 
@@ -867,7 +876,7 @@ def _single(path: str, *, optional: bool) -> Callable[[object, attrs.Attribute[A
     return check
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, getstate_setstate=False)
 class EncoderDecoderPrompt:
     """vLLM's ``ExplicitEncoderDecoderPrompt``: two single prompts, scoped together."""
 
@@ -879,8 +888,14 @@ class EncoderDecoderPrompt:
     def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
         return (_rebuild, (type(self), plain_fields(self)))
 
+    def __getstate__(self) -> dict[str, Any]:
+        return plain_fields(self)  # as _Prompt's
+
     def __copy__(self) -> Self:
         return self  # immutable, like the single prompts (see _Prompt.__copy__)
+
+    def __attrs_pre_init__(self) -> None:
+        refuse_second_init(self, "encoder_prompt")
 
 
 Prompt: TypeAlias = TextPrompt | TokensPrompt | EmbedsPrompt | EncoderDecoderPrompt

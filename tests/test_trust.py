@@ -25,9 +25,12 @@ from PIL import Image
 from pyrsistent import pvector
 
 from omni_requests import (
+    EncoderDecoderPrompt,
     InvalidPromptError,
+    KeyOrigin,
     KeyPolicy,
     MediaHasher,
+    MediaKey,
     PromptTypeError,
     TextPrompt,
     TokensPrompt,
@@ -987,6 +990,8 @@ def test_a_records_metadata_and_embedding_items_give_no_way_in_through_their_dun
     item = record.multi_modal_data["image"][0]
     metadata.__reduce__()[1][0]["fps"] = 30.0
     item.__reduce__()[1][0]["image_embeds"].add_(7)
+    metadata.__getstate__()[0]["fps"] = 30.0  # object's __getstate__ gave the live map
+    item.__getstate__()[0]["image_embeds"].add_(7)
     with pytest.raises(TypeError, match="immutable"):
         metadata.__init__({"fps": 30.0})  # type: ignore[misc]
     with pytest.raises(TypeError, match="immutable"):
@@ -998,6 +1003,47 @@ def test_a_records_metadata_and_embedding_items_give_no_way_in_through_their_dun
         before["multi_modal_data"]["image"]["image_embeds"],
     )
     assert torch.equal(after["multi_modal_data"]["image"]["image_embeds"], torch.zeros(4, 8))
+
+
+def test_records_scopes_policies_and_hashers_give_no_way_in_through_their_dunders() -> None:
+    # attrs' __init__ called again by hand, and its __setstate__, rewrote a built object in
+    # place: a tenant's policy rewritten to another tenant's, a record given a scoped UUID
+    # it would refuse, a hasher given another model id under keys it had cached. And the
+    # state object's __getstate__ would give held the record's memo, which scoped copies
+    # share. Found by an audit of the dunders 456c7ff closed on metadata and embeddings.
+    policy = KeyPolicy(namespaces=True, tenant="acme")
+    hasher = MediaHasher("m")
+    template = TextPrompt(
+        prompt="x", multi_modal_data={"video": video(0)}, multi_modal_uuids={"video": "clip"}
+    )
+    record = scope_to_replica(template, 1, hasher=hasher, policy=policy)
+    assert record.scope is not None
+    sent = rendered_uuids(record)
+    key = hasher.key("video", video(0))
+    pair = EncoderDecoderPrompt(encoder_prompt=record, decoder_prompt=None)
+    media_key = MediaKey("clip", KeyOrigin.USER, record.scope)
+    built: list[tuple[object, dict[str, Any]]] = [
+        (policy, {"tenant": "globex"}),
+        (record.scope, {"stage_id": 0, "replica_id": 0, "hasher": hasher}),
+        (hasher, {"model_id": "other"}),
+        (record, {"prompt": "y", "multi_modal_uuids": {"video": "stage0:rep1:clip"}}),
+        (template, {"prompt": "y"}),
+        (pair, {"encoder_prompt": template}),
+        (media_key, {"base": "other", "origin": KeyOrigin.USER}),
+    ]
+    for value, fields in built:
+        with pytest.raises(TypeError, match="immutable; build a new one"):
+            value.__init__(**fields)  # type: ignore[misc]
+        assert not hasattr(value, "__setstate__"), type(value).__name__
+    state = record.__getstate__()
+    state["multi_modal_uuids"]["video"][0] = "stage0:rep1:clip"
+    assert "_memo" not in state and "_view" not in state
+    assert pair.__getstate__() == {"encoder_prompt": record, "decoder_prompt": None}
+    assert rendered_uuids(record) == sent == {"video": ["stage0:rep1:tenant:acme:user:clip"]}
+    assert policy == KeyPolicy(namespaces=True, tenant="acme") and hasher.model_id == "m"
+    assert hasher.key("video", video(0)) == key and media_key.render() == sent["video"][0]
+    assert pickle.loads(pickle.dumps(record)) == record and attrs.evolve(record, prompt="z").prompt == "z"
+    assert pickle.loads(pickle.dumps(media_key)) == media_key and pickle.loads(pickle.dumps(hasher)) == hasher
 
 
 # -- what no key cache may trust: why images and tensors are hashed afresh (F2) --
