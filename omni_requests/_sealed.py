@@ -809,19 +809,39 @@ def _lift(protection: _Protection) -> None:
         _PROTECTED.give_back()
 
 
-def _take_protection() -> bool:
-    """A unit of the budget; at its limit, first a recount from the live protections.
+# The table is swept when it reaches this many entries, then at twice what lives after each
+# sweep: amortised, each entry is visited a bounded number of times.
+_SWEEP_FROM: Final = 64
+_sweep_at = _SWEEP_FROM
 
-    A signal handler that raises (a request timeout) between two steps of ``_lift`` or of
-    ``read_only_copy`` can leave a unit counted with no protection behind it, or a dead
-    protection in the table: the recount lifts those and counts what lives."""
+
+def _take_protection() -> bool:
+    """A unit of the budget, after a sweep where one is due (see ``_sweep``)."""
+    if len(_PROTECTIONS) >= _sweep_at:
+        _sweep()
     if _PROTECTED.take():
         return True
+    _sweep()
+    return _PROTECTED.take()
+
+
+def _sweep() -> None:
+    """Lifts dead protections and recounts the budget from the live ones.
+
+    A signal handler that raises (a request timeout) inside ``_lift``, a weak reference's
+    callback, is printed and dropped by Python: the array's protection stays in the
+    table, its pages read-only and its bytes held, or a unit stays counted with no
+    protection behind it. Swept on a schedule, such leftovers are bounded by what lives
+    (and ``_SWEEP_FROM``), not kept until the budget runs out. A unit another thread has
+    taken but not yet registered is not recounted: the budget can then run over by as
+    many units as threads were building at the moment, until the next sweep."""
+    global _sweep_at
     for protection in list(_PROTECTIONS.values()):
         if protection() is None:
             _lift(protection)
-    _PROTECTED.recount(len(_PROTECTIONS))
-    return _PROTECTED.take()
+    live = len(_PROTECTIONS)
+    _PROTECTED.recount(live)
+    _sweep_at = max(_SWEEP_FROM, 2 * live)
 
 
 @atexit.register

@@ -289,16 +289,19 @@ def test_a_record_that_fails_to_copy_its_array_gives_its_protection_back() -> No
 
 
 _INTERRUPTED = """
-import signal, sys, time
+import gc, signal, sys, time
 import numpy as np
 from omni_requests import TextPrompt
-from omni_requests._sealed import _PROTECTED
+from omni_requests._sealed import _PROTECTED, _PROTECTIONS, _sweep
 class Timeout(Exception):
     pass
 def expire(*_):
     raise Timeout
+def dead():
+    return sum(p() is None for p in list(_PROTECTIONS.values()))
 frames = np.zeros((4, 96, 96, 3), np.uint8)
 signal.signal(signal.SIGALRM, expire)
+most_dead = 0
 for i in range(int(sys.argv[1])):
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.00001 + (i % 53) * 2e-6)
@@ -308,8 +311,14 @@ for i in range(int(sys.argv[1])):
         time.sleep(0)
     except Timeout:
         pass
+    if i % 250 == 0:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        most_dead = max(most_dead, dead())
 signal.setitimer(signal.ITIMER_REAL, 0)
-print(_PROTECTED.open)
+dead_at_end = dead()
+gc.collect()  # interrupted builds leave cycles holding arrays: dead only once collected
+_sweep()  # the next sweep, as scheduled or at the budget's limit
+print(most_dead, dead_at_end, dead(), _PROTECTED.open, len(_PROTECTIONS))
 """
 
 
@@ -320,11 +329,19 @@ def test_request_timeouts_raised_while_records_are_built_leave_no_page_read_only
         [sys.executable, "-c", _INTERRUPTED, "20000"], capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    # A raise inside a weak reference's callback can leave a unit counted; at the limit
-    # the budget is recounted from the protections alive (0 here, as nothing is).
+    # A raise inside _lift, a weak reference's callback, can leave a dead array's pages
+    # read-only and its bytes held, or a unit counted: these were kept until the budget
+    # ran out (686 and 1,423 dead protections at the end of such a run). Swept on a
+    # schedule, they stay within a small multiple of what lives, and a sweep lifts them
+    # all and counts the budget from what lives, no unit lost for good.
     from omni_requests import _sealed
 
-    assert int(done.stdout) <= _sealed._PROTECTED.limit
+    most_dead, dead_at_end, dead_after, counted, live = map(int, done.stdout.split())
+    assert most_dead <= 4 * _sealed._SWEEP_FROM and dead_at_end <= 4 * _sealed._SWEEP_FROM
+    # What lives at the end is what an interrupted build's reference leak still holds
+    # (found in passing: a PVector whose refcount no object owns, outside this library's
+    # reach); the budget counts exactly that.
+    assert dead_after == 0 and counted == live
 
 
 _RECOUNT = """
