@@ -36,6 +36,7 @@ from ._image_road import pixels
 from ._media import (
     IMAGE_MODES,
     MediaKind,
+    as_made,
     check_text,
     image_size_error,
     immutable_token,
@@ -730,10 +731,11 @@ class MediaHasher:
         """
         leaves: list[object]
         token: object
+        array: np.ndarray[Any, Any] | None = None
         if type(item) is np.ndarray:  # the common item, without building its token
             if not is_immutable_array(item):
                 return compute(modality, item)
-            leaves, token = [item], ("ndarray", id(item))
+            array, leaves, token = item, [item], ("ndarray", id(item))
         else:
             leaves = []
             token = immutable_token(item, leaves, sealed=record)
@@ -742,7 +744,10 @@ class MediaHasher:
         cache_key = (kind, self.algorithm, self.model_id, modality, token)
         digest = _CACHE.get(cache_key)
         if digest is None:
-            digest = compute(modality, thaw(item) if record else item)
+            # From the arrays as made, which the token stands for: read from the arrays
+            # themselves, a shape or dtype set in place meanwhile (another thread, a
+            # finalizer) would be hashed, and its key served once the layout is restored.
+            digest = compute(modality, as_made(array) if array is not None else thaw(item, pinned=True))
             _CACHE.put(cache_key, digest, leaves)
         return digest
 

@@ -241,8 +241,9 @@ def check_text(path: str, text: str) -> str:
 
 
 # The arrays records made, each with what it was made as (its base, dtype, shape and
-# strides). Only these are read as immutable (see is_immutable_array).
-_MadeAs: TypeAlias = "tuple[object, np.dtype[Any], tuple[int, ...], tuple[int, ...]]"
+# strides) and a twin: a view as made that nobody outside is given, so nobody can set its
+# shape or dtype. Only these arrays are read as immutable (see is_immutable_array).
+_MadeAs: TypeAlias = "tuple[object, np.dtype[Any], tuple[int, ...], tuple[int, ...], np.ndarray[Any, Any]]"
 _OWN_ARRAYS: Final[IdentityMap[_MadeAs]] = IdentityMap()
 
 
@@ -267,8 +268,24 @@ def is_immutable_array(array: np.ndarray[Any, Any]) -> bool:
     )
 
 
+def as_made(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A record's own ``array`` as it was made, whatever its shape or dtype reads now.
+
+    What a key cached under the array's identity is computed from. Read from the array
+    itself, a shape set in place by another thread (or a finalizer) between the check
+    that it is as made and the hash would cache the other layout's key under it.
+    """
+    made = _OWN_ARRAYS.get(array)
+    if made is None:
+        raise ValueError("not an array a record made")
+    return made[4]
+
+
 def _own(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    _OWN_ARRAYS.put(array, (array.base, array.dtype, array.shape, array.strides))
+    # numpy sets a view's base to the array over the bytes, never to ``array`` itself (it
+    # owns no data): the twin does not keep ``array``, nor so its entry, alive.
+    twin = array.view()  # read-only, as ``array`` is
+    _OWN_ARRAYS.put(array, (array.base, array.dtype, array.shape, array.strides, twin))
     return array
 
 
@@ -579,15 +596,20 @@ def _freeze_mapping(value: Mapping[Any, Any], path: str, freeze: Any, depth: int
     return FrozenDict(frozen)
 
 
-def thaw(value: object) -> Any:
+def thaw(value: object, *, pinned: bool = False) -> Any:
     """The plain shape vLLM expects: lists, dicts and tuples; arrays stay read-only views,
-    and a sealed image or tensor is a fresh hand-out of what the record sealed."""
+    and a sealed image or tensor is a fresh hand-out of what the record sealed.
+
+    ``pinned``: ``value`` is one :func:`immutable_token` took, and each array in it is
+    read :func:`as_made` (what a key cached under the token must be computed from)."""
     if isinstance(value, PVector):
-        return [thaw(v) for v in value]
+        return [thaw(v, pinned=pinned) for v in value]
     if isinstance(value, (FrozenDict, PMap)):
-        return {k: thaw(v) for k, v in value.items()}
+        return {k: thaw(v, pinned=pinned) for k, v in value.items()}
     if isinstance(value, tuple):
-        return tuple(thaw(v) for v in value)
+        return tuple(thaw(v, pinned=pinned) for v in value)
+    if pinned and type(value) is np.ndarray:
+        return as_made(value)
     return current(value)
 
 

@@ -9,6 +9,8 @@ The stateful adversary that mixes all of them is in ``tests/properties/test_adve
 
 from __future__ import annotations
 
+import gc
+import itertools
 import os
 import pickle
 import signal
@@ -147,6 +149,86 @@ def test_an_arrays_shape_dtype_or_strides_set_in_place_cannot_stale_the_key(chan
     change(record.multi_modal_data["image"][0] if holder == "record" else sent)
     key, item = _sent(record, "image")
     assert key == _truth("image", item) != first
+
+
+def _flip_at_each_step(build: Any, call: Any, check: Any, attr: str, other: Any) -> int:
+    """For each step k of ``call(built)``, on a fresh ``built, array = build()``: sets
+    ``array.<attr>`` to ``other`` at step k, restores it after the call, then runs
+    ``check(built)``. Returns how many steps ``call`` took.
+
+    A gc callback stands in for another thread or a finalizer: with a collection at each
+    allocation, the k-th collection's callback runs at the k-th step of ``call``."""
+    for k in itertools.count(1):
+        built, array = build()
+        made, collections = getattr(array, attr), 0
+
+        def flip(phase: str, info: object, k: int = k, array: Any = array) -> None:
+            nonlocal collections
+            collections += phase == "start"
+            if phase == "start" and collections == k:
+                setattr(array, attr, other)
+
+        gc.collect()
+        threshold = gc.get_threshold()
+        gc.set_threshold(1)
+        gc.callbacks.append(flip)
+        try:
+            call(built)
+        finally:
+            gc.callbacks.remove(flip)
+            gc.set_threshold(*threshold)
+        setattr(array, attr, made)  # as made again: its key may come from the cache
+        check(built)
+        if collections < k:  # this time, no step was left to flip at
+            return k - 1
+    raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize(("attr", "other"), [("shape", (4, 8, 4, 3)), ("dtype", np.int8)])
+@pytest.mark.parametrize("modality", ["video", "audio"])
+def test_a_layout_set_in_place_while_a_key_is_computed_cannot_stale_it(
+    modality: str, attr: str, other: Any
+) -> None:
+    # The cache checked a record's array was as made, then hashed the array as it read
+    # by then: a shape set in place in between (another thread, a finalizer) cached the
+    # other layout's key under the array, served once the layout was restored (found by
+    # an adversarial review). Keys, content keys and bind_content's fingerprints, of a
+    # bare array (video) and of an array inside a (waveform, rate) pair (audio).
+    rng = np.random.default_rng(9)
+
+    def copy_of(value: Any) -> Any:  # a caller's copy: never cached, hashed as it reads
+        return value.copy() if isinstance(value, np.ndarray) else (value[0].copy(), value[1])
+
+    for uuids, policy in (({}, None), ({modality: ["clip"]}, KeyPolicy(bind_content=True))):
+
+        def build(uuids: Any = uuids, policy: Any = policy) -> tuple[Any, np.ndarray]:
+            frames = rng.integers(0, 256, (8, 4, 4, 3), dtype=np.uint8)
+            item = frames if modality == "video" else (frames, 16_000)
+            record = TextPrompt(prompt="x", multi_modal_data={modality: [item]}, multi_modal_uuids=uuids)
+            scoped = scope_to_replica(record, 0, hasher=HASHER, policy=policy)
+            own = scoped.multi_modal_data[modality][0]
+            return scoped, own if modality == "video" else own[0]
+
+        def sends_the_key_of_what_it_sends(record: Any, policy: Any = policy) -> None:
+            key, sent = _sent(record, modality)
+            if policy is None:
+                assert key == "stage0:rep0:" + HASHER.key(modality, copy_of(sent))
+            else:
+                assert f"bound:{HASHER.fingerprint(modality, copy_of(sent))}:" in key
+
+        assert _flip_at_each_step(build, to_vllm, sends_the_key_of_what_it_sends, attr, other) > 3
+
+    def content_key_is_its_copys(own: Any) -> None:
+        assert HASHER.content_key(modality, own) == HASHER.content_key(modality, copy_of(own))
+
+    def build_item() -> tuple[Any, np.ndarray]:
+        own = build()[0].multi_modal_data[modality][0]
+        return own, own if modality == "video" else own[0]
+
+    steps = _flip_at_each_step(
+        build_item, lambda own: HASHER.content_key(modality, own), content_key_is_its_copys, attr, other
+    )
+    assert steps >= 1
 
 
 def test_setstate_on_a_records_array_cannot_stale_the_key() -> None:
