@@ -316,7 +316,7 @@ def immutable_array(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     if copy is None:
         plain = np.ascontiguousarray(source)
         data = bytes(plain.reshape(-1).view(np.uint8).data)
-        copy = np.frombuffer(data, plain.dtype, plain.size).reshape(array.shape)
+        copy = np.frombuffer(data, plain.dtype, plain.size).reshape(source.shape)  # a subclass's may lie
     return _own(copy)
 
 

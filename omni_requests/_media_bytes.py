@@ -40,7 +40,13 @@ def is_media_with_bytes(value: object) -> bool:
     if cls.__name__ != "MediaWithBytes":
         return False
     fields = getattr(cls, "__dataclass_fields__", None)
-    return isinstance(fields, dict) and "media" in fields and "original_bytes" in fields
+    # vLLM's is a plain dataclass: a slotted look-alike (no __dict__) is not it.
+    return (
+        isinstance(fields, dict)
+        and "media" in fields
+        and "original_bytes" in fields
+        and hasattr(value, "__dict__")
+    )
 
 
 def _is_pil_image(value: object) -> bool:

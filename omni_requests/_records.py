@@ -210,6 +210,10 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
         check_code_points(data, where)
     # A pvector is a list of items already (a record's own); anything else is read
     # the way vLLM reads it, so single items and lists give the same record.
+    if is_torch_tensor(data) and data.is_nested:  # torch refuses its len() and sizes
+        raise PromptTypeError(
+            where, "a nested tensor is no item vLLM can split or key; give a list of tensors"
+        )
     items = data if isinstance(data, PVector) else _split_items(modality, data)
     if modality in _VISUAL_AUDIO:
         _check_no_text(where, modality, data, items)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 from typing import Any
@@ -571,6 +572,38 @@ def test_tensors_vllm_cannot_read_are_refused_not_kept(make: Any) -> None:
     with pytest.raises(PromptTypeError, match="vLLM's hasher cannot read this tensor") as caught:
         TextPrompt(prompt="x", multi_modal_data={"video": [tensor]})
     assert caught.value.path == "$.multi_modal_data.video[0]"
+
+
+class _ShapeLie(np.ndarray):  # type: ignore[type-arg]
+    shape = property(lambda self: (1,))  # type: ignore[assignment]
+
+
+def test_values_that_escaped_as_other_libraries_errors_are_refused_by_field_or_kept() -> None:
+    # Each escaped as torch's, the dataclass's or numpy's own error, naming no field
+    # (found by an adversarial review).
+    torch = pytest.importorskip("torch")
+    nested = torch.nested.nested_tensor([torch.zeros(3), torch.zeros(4)])  # torch refuses its len()
+    for modality in ("audio", "image"):
+        with pytest.raises(PromptTypeError, match="nested tensor") as caught:
+            TextPrompt(prompt="x", multi_modal_data={modality: nested})
+        assert caught.value.path == f"$.multi_modal_data.{modality}"
+    with pytest.raises(PromptTypeError, match="nested tensor"):
+        from_vllm({"prompt": "x", "multi_modal_data": {"image": nested}})
+
+    @dataclasses.dataclass(slots=True)
+    class MediaWithBytes:  # vLLM's name and fields, but slotted: not vLLM's dataclass
+        media: object
+        original_bytes: bytes
+
+    with pytest.raises(PromptTypeError, match="unsupported media value") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"image": MediaWithBytes(Image.new("RGB", (2, 2)), b"x")})
+    assert caught.value.path == "$.multi_modal_data.image[0]"
+    # A subclass's shape is not taken on its word: the record keeps the plain array it carries.
+    pixels = np.arange(48, dtype=np.uint8).reshape(4, 4, 3)
+    own = TextPrompt(prompt="x", multi_modal_data={"image": pixels.view(_ShapeLie)}).multi_modal_data[
+        "image"
+    ][0]
+    assert type(own) is np.ndarray and own.shape == (4, 4, 3) and np.array_equal(own, pixels)
 
 
 def test_a_tensor_no_engine_can_key_is_refused_with_our_error() -> None:
