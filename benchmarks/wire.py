@@ -5,8 +5,8 @@ and 30 s of 16 kHz audio as ``(waveform, rate)``, with a user UUID and a cache s
 round trip is timed whole (bytes out, record back):
 
 - ``wire``: ``decode(encode(record))`` of :mod:`omni_requests.wire`: one message, every
-  buffer copied into it and out again into ``bytes`` the arrays are backed by; decoding
-  runs the records' constructors.
+  buffer copied into it and out again into ``bytes`` the arrays are backed by (from 64 KiB
+  once more, onto pages no one can write); decoding runs the records' constructors.
 - ``pickle``: ``pickle.loads(pickle.dumps(record, protocol=5))`` of the same record
   (unsafe on untrusted bytes, which is why the wire format exists).
 - ``vLLM``: ``MsgpackDecoder().decode(MsgpackEncoder().encode(to_vllm(record)))`` of

@@ -213,13 +213,13 @@ def test_option_values_beyond_containers_numbers_and_buffers_are_shared_as_docum
     # other value (a tensor, an object array, a set) is the caller's object, shared.
     torch = pytest.importorskip("torch")
     tensor, objects, tags = torch.zeros(3), np.array(["a", None], dtype=object), {"x"}
-    numbers, items = np.zeros(3), [1]
+    numbers, items, image = np.zeros(3), [1], Image.new("RGB", (2, 2))
     p = TextPrompt(
         prompt="x",
-        additional_information={"t": tensor, "o": objects, "s": tags, "a": numbers, "l": items},
+        additional_information={"t": tensor, "o": objects, "s": tags, "a": numbers, "l": items, "i": image},
     )
     sent = to_vllm(p)["additional_information"]
-    assert sent["t"] is tensor and sent["o"] is objects and sent["s"] is tags
+    assert sent["t"] is tensor and sent["o"] is objects and sent["s"] is tags and sent["i"] is image
     assert sent["a"] is not numbers and not sent["a"].flags.writeable
     sent["l"].append(2)
     sent["t"].add_(1)  # a stage writing into a shared tensor in place reaches the record

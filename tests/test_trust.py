@@ -268,11 +268,12 @@ from omni_requests import MediaHasher, TextPrompt, scope_to_replica, wire
 from omni_requests_vllm import to_vllm
 warnings.simplefilter("ignore")  # torch warns that the array is not writable, and goes on
 frames = np.random.default_rng(7).integers(0, 256, (4, 96, 96, 3), dtype=np.uint8)  # 108 KiB
-record = TextPrompt(prompt="x", multi_modal_data={"video": frames})
-record = {"built": lambda r: r, "pickled": lambda r: pickle.loads(pickle.dumps(r)), "wire": lambda r: wire.decode(wire.encode(r))}[sys.argv[1]](record)
+record = TextPrompt(prompt="x", multi_modal_data={"video": frames}, mm_processor_kwargs={"frames": frames})
+record = {"built": lambda r: r, "option": lambda r: r, "pickled": lambda r: pickle.loads(pickle.dumps(r)), "wire": lambda r: wire.decode(wire.encode(r))}[sys.argv[1]](record)
 record = scope_to_replica(record, 0, hasher=MediaHasher("/models/tiny-vl"))
 first = to_vllm(record)["multi_modal_uuids"]["video"][0]
-item = to_vllm(record)["multi_modal_data"]["video"][0]
+item = to_vllm(record)["mm_processor_kwargs" if sys.argv[1] == "option" else "multi_modal_data"]
+item = item["frames"] if sys.argv[1] == "option" else item["video"][0]
 data = item
 while not isinstance(data, bytes):
     data = data.base
@@ -307,7 +308,8 @@ _ROADS = [
 @pytest.mark.parametrize(
     ("received", "road"),
     [("built", road) for road in _ROADS]
-    + [("pickled", "ctypes"), ("wire", "ctypes"), ("wire", "torch.from_numpy")],
+    + [("pickled", "ctypes"), ("wire", "ctypes"), ("wire", "torch.from_numpy")]
+    + [("option", "torch.from_numpy")],  # an option array a stage would write into
 )
 def test_a_write_that_ignores_the_read_only_flag_is_refused_by_the_kernel(received: str, road: str) -> None:
     # These roads write a read-only array's memory anyway (torch only warns): over a
@@ -323,6 +325,19 @@ def test_a_write_that_ignores_the_read_only_flag_is_refused_by_the_kernel(receiv
     assert done.stdout.startswith("ready"), done.stderr
     assert "written" not in done.stdout
     assert done.returncode == -signal.SIGSEGV, done.stderr
+
+
+def test_protected_arrays_may_add_a_quarter_of_the_processs_mappings() -> None:
+    # docs/security.md: each protected array adds up to two mappings, and they may take a
+    # quarter of vm.max_map_count: 8,191 live arrays at the kernel's default of 65,530.
+    from omni_requests import _sealed
+
+    if _sealed._LIBC is None or not os.path.exists("/proc/sys/vm/max_map_count"):
+        pytest.skip("no page protection here: libc lacks memfd_create, or this is not Linux")
+    with open("/proc/sys/vm/max_map_count") as limit:
+        mappings = int(limit.read())
+    assert _sealed._PROTECTED.limit == mappings // 8
+    assert mappings != 65_530 or _sealed._PROTECTED.limit == 8_191
 
 
 _PROTECTION_LIFTED = """
