@@ -295,6 +295,8 @@ def frozen_array(data: bytes, dtype: np.dtype[Any], shape: tuple[int, ...]) -> n
     For bytes this module, the unpickler or the wire decoder made, never a caller's. From
     ``PROTECTED_FROM`` bytes they are copied once more, onto pages no one can write.
     """
+    if type(data) is not bytes:  # a crafted pickle can give a bytearray it shares elsewhere
+        data = bytes(data)
     array: np.ndarray[Any, Any] = np.frombuffer(data, dtype=dtype, count=math.prod(shape)).reshape(shape)
     protected = read_only_copy(array)
     return _own(array if protected is None else protected)

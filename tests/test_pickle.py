@@ -243,3 +243,37 @@ def test_unsigned_tensors_torch_cannot_pickle_pickle_with_their_dtype_and_key(
     assert media_keys(again, hasher) == media_keys(record, hasher)
     option = again.mm_processor_kwargs["mask"]  # type: ignore[index]
     assert option.dtype == big.dtype and option.shape == big.shape and torch.equal(option, big)
+
+
+class _SharedBytes:
+    """Unpickles as a record's array over ``shared``, a bytearray the same pickle also
+    returns: what a crafted pickle can do through the records' own restore function."""
+
+    def __init__(self, shared: bytearray) -> None:
+        self.shared = shared
+
+    def __reduce__(self) -> Any:
+        from omni_requests import _records
+
+        return (_records._restore_array, (np.dtype(np.uint8), (4, 4, 3), self.shared))
+
+
+def test_a_crafted_pickle_cannot_give_a_record_an_array_over_bytes_it_shares() -> None:
+    # The restore function took what it was given as bytes only the unpickler held: a
+    # bytearray (protocol 5 makes one with no global) shared with another object of the
+    # pickle became a writable array the record kept as its own, its key cached (found
+    # by an adversarial review). It is now copied into bytes of the record's own.
+    shared = bytearray(48)
+    record = TextPrompt(prompt="x", multi_modal_data={"image": [np.zeros((4, 4, 3), np.uint8)]})
+    restore, (kind, fields) = record.__reduce__()  # type: ignore[misc]
+    fields["multi_modal_data"]["image"][0] = _SharedBytes(shared)
+    (restore, kind, fields), handle = pickle.loads(
+        pickle.dumps(((restore, kind, fields), shared), protocol=5)
+    )
+    scoped = scope_to_replica(restore(kind, fields), 0, hasher=MediaHasher("m"))
+    array = scoped.multi_modal_data["image"][0]
+    first = to_vllm(scoped)["multi_modal_uuids"]["image"][0]
+    handle[:] = b"\x07" * 48
+    assert not array.flags.writeable and not array.any()
+    assert to_vllm(scoped)["multi_modal_uuids"]["image"][0] == first
+    assert first == "stage0:rep0:" + MediaHasher("m").key("image", np.zeros((4, 4, 3), np.uint8))
