@@ -227,9 +227,13 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
     if modality not in _VISUAL_AUDIO and any(isinstance(item, EmbeddingFields) for item in items):
         raise PromptTypeError(where, "vLLM takes a dict of embedding fields only for image, video and audio")
     check_embedding_items(where, modality, list(items))
+    # A list first: pyrsistent's C pvector() keeps a reference to each element it took
+    # from an iterable that then raises, so a refused item leaked the items before it.
     vector = pvector(
-        made_in_this_call(("item", id(item)), item, freeze_media, item, f"{where}[{i}]")
-        for i, item in enumerate(items)
+        [
+            made_in_this_call(("item", id(item)), item, freeze_media, item, f"{where}[{i}]")
+            for i, item in enumerate(items)
+        ]
     )
     _OWN_VECTORS.put(vector, modality)
     return vector

@@ -209,7 +209,7 @@ def _copy_media(value: object) -> Any:
 
 
 def _rebuild(record: SinglePrompt) -> SinglePrompt:
-    data = {m: pvector(_copy_media(item) for item in items) for m, items in record.multi_modal_data.items()}
+    data = {m: pvector([_copy_media(item) for item in items]) for m, items in record.multi_modal_data.items()}
     rebuilt: SinglePrompt = attrs.evolve(record, multi_modal_data=data)
     return rebuilt
 

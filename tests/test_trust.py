@@ -385,6 +385,25 @@ def test_a_record_that_fails_to_copy_its_array_gives_its_protection_back() -> No
     assert _sealed._PROTECTED.open == before
 
 
+def test_a_refused_record_keeps_none_of_the_items_it_froze_before_the_refusal() -> None:
+    # pyrsistent's C pvector() keeps a reference to each element it took from an iterable
+    # that then raises: every record refused for its second item kept the frozen copy of
+    # its first, and that copy's protection (found while sweeping protections). A server
+    # refusing bad requests leaked their media, and its protection budget ran out.
+    from omni_requests import _media, _sealed
+
+    gc.collect()
+    protections, own = len(_sealed._PROTECTIONS), len(_media._OWN_ARRAYS)
+    for size in (96, 8):  # protected (108 KiB) and not (768 bytes)
+        frames = np.zeros((4, size, size, 3), np.uint8)
+        for _ in range(5):
+            with pytest.raises(PromptTypeError) as caught:
+                TextPrompt(prompt="x", multi_modal_data={"video": [frames, (frames, {"fps": object()})]})
+            assert caught.value.path == "$.multi_modal_data.video[1][1].fps"
+    gc.collect()
+    assert (len(_sealed._PROTECTIONS), len(_media._OWN_ARRAYS)) == (protections, own)
+
+
 _INTERRUPTED = """
 import gc, signal, sys, time
 import numpy as np
