@@ -454,10 +454,11 @@ def test_request_timeouts_raised_while_records_are_built_leave_no_page_read_only
 
     most_dead, dead_at_end, dead_after, counted, live = map(int, done.stdout.split())
     assert most_dead <= 4 * _sealed._SWEEP_FROM and dead_at_end <= 4 * _sealed._SWEEP_FROM
-    # What lives at the end is what an interrupted build's reference leak still holds
-    # (found in passing: a PVector whose refcount no object owns, outside this library's
-    # reach); the budget counts exactly that.
-    assert dead_after == 0 and counted == live
+    # What lives at the end, nothing alive, is what interrupted builds leaked: 106 to 214
+    # arrays, before items were frozen into a list ahead of pyrsistent's pvector() (see
+    # test_a_refused_record_keeps_none_of_the_items_it_froze_before_the_refusal), 0 to 6
+    # since, from leaks not found yet. The budget counts exactly what lives.
+    assert dead_after == 0 and counted == live <= 32
 
 
 _RECOUNT = """
