@@ -16,7 +16,7 @@ from ._embedding_fields import EmbeddingFields, is_embedding_modality, merge_emb
 from ._errors import type_name
 from ._keys import check_index
 from ._media import is_pil_image, is_torch_tensor, thaw
-from ._records import SINGLE_KINDS, MediaRow, SinglePrompt
+from ._records import SINGLE_KINDS, MediaRow, SinglePrompt, refuse_engine_scoped
 from ._scoping import one_request
 from ._sealed import seal_of, unsealed
 
@@ -31,6 +31,7 @@ __all__ = [
     "media_rows",
     "merge_embedding_fields",
     "one_request",
+    "refuse_engine_scoped",
     "seal_of",
     "thaw",
     "type_name",

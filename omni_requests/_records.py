@@ -331,6 +331,16 @@ def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:
     return frozen_map(frozen, "uuids") if frozen else _EMPTY
 
 
+def refuse_engine_scoped(path: str, uuid: str) -> None:
+    """Refuses ``uuid`` when it is already scoped to a replica (``stage0:rep1:...``)."""
+    if looks_scoped(uuid):
+        raise InvalidPromptError(
+            path,
+            f"{uuid!r} is already scoped to a replica, so this prompt has been through an "
+            "engine; rebuild it from the original prompt instead of reusing the engine's copy",
+        )
+
+
 def _check_uuid(path: str, uuid: object) -> str | None:
     if uuid is None:
         return None
@@ -339,12 +349,7 @@ def _check_uuid(path: str, uuid: object) -> str | None:
     uuid = str.__str__(uuid)  # checked as the plain text the key is made of, not a subclass's view
     if not uuid:
         raise InvalidPromptError(path, "must not be empty: every item needs its own key")
-    if looks_scoped(uuid):
-        raise InvalidPromptError(
-            path,
-            f"{uuid!r} is already scoped to a replica, so this prompt has been through an "
-            "engine; rebuild it from the original prompt instead of reusing the engine's copy",
-        )
+    refuse_engine_scoped(path, uuid)
     prefix = reserved_prefix(uuid)
     if prefix is not None:
         raise InvalidPromptError(

@@ -25,7 +25,14 @@ from omni_requests import (
     media_keys,
     scope_to_replica,
 )
-from omni_requests._adapter_api import SINGLE_KINDS, check_index, one_request, type_name, unsealed
+from omni_requests._adapter_api import (
+    SINGLE_KINDS,
+    check_index,
+    one_request,
+    refuse_engine_scoped,
+    type_name,
+    unsealed,
+)
 from omni_requests_vllm import from_vllm, to_vllm
 
 from ._routing import RouteRequest, SelectReplica, live_replica_id
@@ -111,6 +118,25 @@ def _is_token_list(value: object) -> bool:
         and len(value) > 0
         and all(isinstance(token, int) and not isinstance(token, bool) for token in value)
     )
+
+
+def _refuse_scoped_uuids(prompt: object, path: str) -> None:
+    """Refuses a dict's UUID that is already scoped to a replica, as a record would."""
+    if not isinstance(prompt, Mapping):
+        return  # records refuse such UUIDs when they are built
+    if "encoder_prompt" in prompt:
+        for part in ("encoder_prompt", "decoder_prompt"):
+            _refuse_scoped_uuids(prompt.get(part), f"{path}.{part}")
+        return
+    uuids = prompt.get("multi_modal_uuids")
+    if not isinstance(uuids, Mapping):
+        return
+    for modality, row in uuids.items():
+        for i, uuid in enumerate(
+            [row] if isinstance(row, str) else row if isinstance(row, (list, tuple)) else ()
+        ):
+            if isinstance(uuid, str):
+                refuse_engine_scoped(f"{path}.multi_modal_uuids.{modality}[{i}]", str.__str__(uuid))
 
 
 def _carries_media(prompt: object) -> bool:
@@ -291,7 +317,17 @@ def scope_stage0(
     if not isinstance(as_dicts, bool):
         raise PromptTypeError("as_dicts", f"must be a bool, got {type_name(as_dicts)}")
     passed = Stage0Result(None, prompts)
-    if pool.is_diffusion or len(pool.replicas) <= 1:
+    if pool.is_diffusion:
+        return passed
+    if len(pool.replicas) <= 1:
+        # Nothing is scoped, but a dict carrying keys an engine scoped (a copy of a scoped
+        # dict given new media) would reach it as they are: the old media's, still cached
+        # on that replica when it was one of several.
+        if isinstance(prompts, list) and not _is_token_list(prompts):
+            for i, item in enumerate(prompts):
+                _refuse_scoped_uuids(item, f"$[{i}]")
+        else:
+            _refuse_scoped_uuids(prompts, "$")
         return passed
     if _is_engine_request(prompts, pool.engine_request_types):
         return passed

@@ -242,6 +242,31 @@ def test_pools_without_a_sender_receiver_split_pass_through(pool: Stage0Pool, ca
     assert out is prompt
 
 
+@pytest.mark.parametrize("replicas", [1, [3]])
+def test_a_dict_an_engine_scoped_is_refused_with_one_live_replica_too(replicas: Any) -> None:
+    # A copy of a scoped dict given a new video was refused with two replicas and sent as
+    # it was with one, so the new video reached the engine under the old one's key, which
+    # that replica had cached while it was one of several (found by an adversarial review).
+    old, new = video_array(0), video_array(1)
+    template = {"prompt": "<video>", "multi_modal_data": {"video": old}}
+    _, scoped = scope_stage0(template, pool=_pool(2), hasher=HASHER)
+    copied = dict(scoped, multi_modal_data={"video": new})
+    one = Stage0Pool(replicas=replicas, select=lambda _: None)
+    for prompts, path in (
+        (copied, "$.multi_modal_uuids.video[0]"),
+        ([{"prompt": "x"}, copied], "$[1].multi_modal_uuids.video[0]"),
+        ({"encoder_prompt": "x", "decoder_prompt": copied}, "$.decoder_prompt.multi_modal_uuids.video[0]"),
+        (
+            dict(copied, multi_modal_uuids={"video": scoped["multi_modal_uuids"]["video"][0]}),
+            "$.multi_modal_uuids.video[0]",
+        ),
+    ):
+        with pytest.raises(InvalidPromptError, match="already scoped to a replica") as caught:
+            scope_stage0(prompts, pool=one, hasher=HASHER)
+        assert caught.value.path == path
+    assert scope_stage0(template, pool=one, hasher=HASHER).prompts is template  # unscoped: as before
+
+
 def test_a_diffusion_prompt_of_any_shape_passes_through_unchecked() -> None:
     custom = {"prompt_ids": [1, 2], "extra_args": {"steps": 4}, "multi_modal_data": {"img2img": object()}}
     pool = Stage0Pool(replicas=2, select=lambda _: 0, is_diffusion=True)
