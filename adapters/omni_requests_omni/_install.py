@@ -40,6 +40,7 @@ from typing import Any, Final, NamedTuple, Protocol
 from omni_requests import (
     EmbedsPrompt,
     EncoderDecoderPrompt,
+    InvalidPromptError,
     KeyPolicy,
     MediaHasher,
     PromptTypeError,
@@ -51,7 +52,7 @@ from omni_requests._adapter_api import check_index, type_name, unsealed
 from omni_requests_vllm import from_vllm, to_vllm
 
 from ._routing import RouteRequest, SelectReplica, live_replica_id
-from ._stage0 import Stage0Pool, scope_stage0
+from ._stage0 import Stage0Pool, carries_media, scope_stage0
 
 __all__ = ["LoadBalancer", "Stage0Balancer", "Stage0Scoping", "install_stage0_scoping"]
 
@@ -177,7 +178,31 @@ def _as_scoped_records(prompt: Any, made: list[_Made], hasher: MediaHasher) -> A
                 rebuilt = from_vllm(plain)
             scope = record.scope
             return scope_to_replica(rebuilt, scope.replica_id, hasher=hasher, policy=scope.policy)
+    if carries_media(prompt):
+        return _under_the_requests_policy(prompt, made, hasher)
     return prompt
+
+
+def _under_the_requests_policy(prompt: Mapping[str, Any], made: list[_Made], hasher: MediaHasher) -> Any:
+    """A dict with media that matches no scoped record of its request (a prompt transform
+    rebuilt it without the record's UUIDs), under the policy the request's records were
+    scoped with: scoped as a plain dict, it lost a tenant's keys."""
+    policies = {record.scope.policy for _, record in made} - {_DEFAULT_POLICY}
+    if not policies:
+        return prompt
+    if len(policies) > 1:
+        raise InvalidPromptError(
+            "$.multi_modal_uuids",
+            "a prompt transform returned a dict without the keys of the records it was made from, "
+            "which were scoped under different key policies, so none can be kept; keep "
+            "multi_modal_uuids in the dict it returns",
+        )
+    with unsealed():
+        rebuilt = from_vllm(prompt)
+    return scope_to_replica(rebuilt, made[0].record.scope.replica_id, hasher=hasher, policy=policies.pop())
+
+
+_DEFAULT_POLICY: Final = KeyPolicy()
 
 
 def _policy_of(prompt: Any) -> KeyPolicy | None:

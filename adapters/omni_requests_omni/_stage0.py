@@ -139,17 +139,15 @@ def _refuse_scoped_uuids(prompt: object, path: str) -> None:
                 refuse_engine_scoped(f"{path}.multi_modal_uuids.{modality}[{i}]", str.__str__(uuid))
 
 
-def _carries_media(prompt: object) -> bool:
+def carries_media(prompt: object) -> bool:
     """Whether ``prompt`` has ``multi_modal_data``, read the way the engine reads it."""
     if isinstance(prompt, SINGLE_KINDS):
         return bool(prompt.multi_modal_data)
     if isinstance(prompt, EncoderDecoderPrompt):
-        return _carries_media(prompt.encoder_prompt) or _carries_media(prompt.decoder_prompt)
+        return carries_media(prompt.encoder_prompt) or carries_media(prompt.decoder_prompt)
     if isinstance(prompt, Mapping):
         if "encoder_prompt" in prompt:
-            return _carries_media(prompt.get("encoder_prompt")) or _carries_media(
-                prompt.get("decoder_prompt")
-            )
+            return carries_media(prompt.get("encoder_prompt")) or carries_media(prompt.get("decoder_prompt"))
         data = prompt.get("multi_modal_data")
         try:
             return bool(data)
@@ -333,7 +331,7 @@ def scope_stage0(
         return passed
     many = isinstance(prompts, list) and not _is_token_list(prompts)
     items: list[object] = list(prompts) if many else [prompts]  # type: ignore[call-overload]
-    if not any(_carries_media(item) for item in items):
+    if not any(carries_media(item) for item in items):
         return passed
 
     request = _Request(items, hasher, (lambda i: f"$[{i}]") if many else (lambda _: "$"))

@@ -17,7 +17,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from omni_requests import EncoderDecoderPrompt, KeyPolicy, MediaHasher, TextPrompt, scope_to_replica
+from omni_requests import (
+    EncoderDecoderPrompt,
+    InvalidPromptError,
+    KeyPolicy,
+    MediaHasher,
+    TextPrompt,
+    scope_to_replica,
+)
 from omni_requests_omni import install_stage0_scoping
 from omni_requests_vllm import from_vllm, to_vllm
 
@@ -135,9 +142,12 @@ def _photo(scope: str) -> Any:
     return scope_to_replica(record, 1, hasher=MediaHasher(MODEL))  # a retry of a scoped record
 
 
-def _sent_alone(prompt: Any) -> tuple[Any, int]:
-    """What process_inputs got for ``prompt`` sent once as "req-1", and its replica."""
+def _sent_alone(prompt: Any, transform: Any = None) -> tuple[Any, int]:
+    """What process_inputs got for ``prompt`` sent once as "req-1", and its replica;
+    ``transform``: the model's prompt transform, if any."""
     engine = _engine()
+    if transform is not None:
+        engine.prompt_transform_func = transform
     installed = install_stage0_scoping(engine)
     try:
         engine._build_add_request_message("req-1", prompt)
@@ -218,6 +228,49 @@ def test_a_scoped_record_survives_a_transform_that_copies_the_prompt_deeply() ->
     ((_, sent),) = engine.input_processor.calls
     replica = engine.stage_pools[0].bound["req-1"]
     assert sent["multi_modal_uuids"] == {"image": [f"stage0:rep{replica}:tenant:acme:photo"]}
+
+
+@pytest.mark.parametrize("given", ["the same image", "another image"])
+def test_a_transform_that_drops_a_records_uuids_keeps_its_tenants_policy(given: str) -> None:
+    # A prompt transform that rebuilt the dict without multi_modal_uuids (MiniMax-H3's
+    # replaces multi_modal_data wholesale) left a dict no scoped record matched: it was
+    # scoped as a plain dict, and the tenant's image went out under everyone's key
+    # (found by an adversarial review). It is scoped under the request's policy now.
+    policy = KeyPolicy(tenant="acme", tenant_content=True)
+    record = scope_to_replica(
+        TextPrompt(prompt="<image>", multi_modal_data={"image": _pixels(3)}),
+        0,
+        hasher=MediaHasher(MODEL),
+        policy=policy,
+    )
+    pixels = _pixels(3 if given == "the same image" else 4)
+
+    def rebuilt(prompt: Any, _: Any) -> dict[str, Any]:
+        return {"prompt": prompt["prompt"], "multi_modal_data": {"image": pixels}}
+
+    sent, replica = _sent_alone(record, rebuilt)
+    key = MediaHasher(MODEL).key("image", pixels)
+    assert sent["multi_modal_uuids"] == {"image": [f"stage0:rep{replica}:tenant:acme:{key}"]}
+
+
+def test_a_transform_that_drops_the_uuids_of_records_under_two_policies_is_refused() -> None:
+    # No one policy to keep: refused by name rather than sent under none.
+    records = [
+        scope_to_replica(
+            TextPrompt(prompt="<image>", multi_modal_data={"image": _pixels(seed)}),
+            0,
+            hasher=MediaHasher(MODEL),
+            policy=KeyPolicy(tenant=tenant, tenant_content=True),
+        )
+        for seed, tenant in ((3, "acme"), (4, "globex"))
+    ]
+
+    def rebuilt(prompt: Any, _: Any) -> Any:
+        return [{key: value for key, value in item.items() if key != "multi_modal_uuids"} for item in prompt]
+
+    with pytest.raises(InvalidPromptError, match="different key policies") as caught:
+        _sent_alone(records, rebuilt)
+    assert caught.value.path == "$.multi_modal_uuids"
 
 
 def test_a_request_id_sent_again_unscoped_never_gets_its_old_replica_for_companions() -> None:
