@@ -139,10 +139,13 @@ class _Made(NamedTuple):
 def _engine_copy(prompt: Any, made: list[_Made]) -> Any:
     """The caller's dicts and lists copied at every level (media items shared, not copied),
     single records as their engine dicts (a scoped one noted in ``made``). An
-    encoder-decoder record stays a record: vllm-omni adds fields at its top level that an
-    encoder-decoder dict has no place for."""
+    encoder-decoder record stays a record, and an encoder-decoder dict with media becomes
+    one: vllm-omni adds fields at its top level that an encoder-decoder dict has no place
+    for, and scoping then refused it."""
     if isinstance(prompt, EncoderDecoderPrompt):
         return prompt
+    if isinstance(prompt, Mapping) and "encoder_prompt" in prompt and carries_media(prompt):
+        return from_vllm(prompt)
     if isinstance(prompt, (TextPrompt, TokensPrompt, EmbedsPrompt)):
         engine = to_vllm(prompt)
         uuids = engine.get("multi_modal_uuids")

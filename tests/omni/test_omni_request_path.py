@@ -170,14 +170,16 @@ def test_a_scoped_record_keeps_its_policy_down_vllm_omnis_path(scope: str) -> No
     assert sent["additional_information"] == {"global_request_id": ["req-1"]}
 
 
-def test_an_encoder_decoder_record_goes_down_vllm_omnis_path_as_a_record() -> None:
+@pytest.mark.parametrize("shape", ["record", "dict"])
+def test_an_encoder_decoder_prompt_goes_down_vllm_omnis_path_as_a_record(shape: str) -> None:
     # vllm-omni writes additional_information at a dict's top level, where an
-    # encoder-decoder dict has no place for it: the pair is scoped as a record.
+    # encoder-decoder dict has no place for it: the pair is scoped as a record. Given as
+    # a dict, scoping refused it for that field (found by an adversarial review).
     pair = EncoderDecoderPrompt(
         encoder_prompt=TextPrompt(prompt="<image>", multi_modal_data={"image": _pixels(7)}),
         decoder_prompt=TextPrompt(prompt="hi"),
     )
-    sent, replica = _sent_alone(pair)
+    sent, replica = _sent_alone(pair if shape == "record" else to_vllm(pair))
     key = MediaHasher(MODEL).key("image", _pixels(7))
     assert sent["encoder_prompt"]["multi_modal_uuids"] == {"image": [f"stage0:rep{replica}:{key}"]}
 
