@@ -124,6 +124,14 @@ def rendezvous_order(key: str, replicas: Sequence[int]) -> list[int]:
     return sorted(replicas, key=lambda replica: _score(key, replica), reverse=True)
 
 
+def _load_of(load: Callable[[int], float], replica: int) -> float:
+    value = load(replica)
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"load({replica}) must return a number, got {type(value).__name__}") from None
+
+
 class CacheAffinity:
     """Send requests with the same media to the same replica, whose cache holds it.
 
@@ -138,7 +146,8 @@ class CacheAffinity:
     its queue length) to bound that: a replica whose load has reached
     ``ceil(max_load_ratio * mean load)`` (the mean counting this request) is skipped for
     the next preferred one ("consistent hashing with bounded loads", Mirrokni et al.),
-    trading a few cache hits for balance.
+    trading a few cache hits for balance. A load of ``math.inf`` (a replica draining)
+    counts in no mean and is skipped while any other replica is under capacity.
 
     >>> policy = CacheAffinity()
     >>> a = policy(RouteRequest("r1", [0, 1, 2, 3], ["cat-video"]))
@@ -153,8 +162,10 @@ class CacheAffinity:
         load: Callable[[int], float] | None = None,
         max_load_ratio: float = 1.25,
     ) -> None:
-        if max_load_ratio < 1.0:
-            raise ValueError(f"max_load_ratio must be >= 1.0, got {max_load_ratio!r}")
+        if isinstance(max_load_ratio, bool) or not isinstance(max_load_ratio, (int, float)):
+            raise TypeError(f"max_load_ratio must be a number, got {type(max_load_ratio).__name__}")
+        if not math.isfinite(max_load_ratio) or max_load_ratio < 1.0:  # NaN passed `< 1.0`
+            raise ValueError(f"max_load_ratio must be finite and >= 1.0, got {max_load_ratio!r}")
         self.fallback: SelectReplica = fallback if fallback is not None else RoundRobin()
         self.load = load
         self.max_load_ratio = max_load_ratio
@@ -177,13 +188,21 @@ class CacheAffinity:
             return self.fallback(request) if request.replicas else None
         if self.load is None:
             return order[0]
-        loads = {replica: float(self.load(replica)) for replica in order}
-        # Capacity per replica once this request is counted: ceil(c * (total + 1) / n).
-        capacity = math.ceil(self.max_load_ratio * (sum(loads.values()) + 1.0) / len(loads))
+        loads = {replica: _load_of(self.load, replica) for replica in order}
+        # A replica of infinite (or NaN) load, one draining say, is never under capacity
+        # and counts in no mean. Capacity per replica once this request is counted:
+        # ceil(c * (total + 1) / n), over the others.
+        finite = [load for load in loads.values() if math.isfinite(load)]
+        capacity = self.max_load_ratio * (sum(finite) + 1.0) / max(len(finite), 1)
+        if math.isfinite(capacity):  # loads near float's limit sum past it
+            capacity = math.ceil(capacity)
         for replica in order:
             if loads[replica] < capacity:
                 return replica
-        return min(order, key=lambda replica: loads[replica])  # only for odd loads (negative, NaN)
+        # Only for odd loads (negative, infinite, NaN): the least loaded, NaN as infinite.
+        return min(
+            order, key=lambda replica: loads[replica] if loads[replica] == loads[replica] else math.inf
+        )
 
     def __repr__(self) -> str:
         bounded = "" if self.load is None else f", load=..., max_load_ratio={self.max_load_ratio}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import math
 import subprocess
 import sys
 import textwrap
@@ -105,8 +106,33 @@ def test_bounded_load_skips_a_busy_home_for_the_next_preferred_replica() -> None
     assert policy(request) == second
     load.update({0: 10, 1: 10, 2: 10, 3: 10})
     assert policy(request) == home  # all equally busy: the home again
-    with pytest.raises(ValueError, match=r"max_load_ratio must be >= 1\.0"):
+    with pytest.raises(ValueError, match=r"max_load_ratio must be finite and >= 1\.0"):
         CacheAffinity(max_load_ratio=0.5)
+
+
+def test_bounded_load_takes_a_draining_replica_and_odd_settings_without_a_stray_error() -> None:
+    # An infinite load (a replica draining) raised OverflowError from math.ceil in the
+    # middle of routing; a NaN ratio passed the check and failed every request; a str
+    # ratio or a load of None gave Python's own errors (found by an adversarial review).
+    request = RouteRequest(None, [0, 1, 2, 3], ["popular"])
+    home, second = CacheAffinity().preference(request)[:2]
+    load = dict.fromkeys(range(4), 0.0)
+    policy = CacheAffinity(load=load.__getitem__)
+    load[home] = math.inf
+    assert policy(request) == second  # the draining home is skipped
+    load.update(dict.fromkeys(range(4), math.inf))
+    assert policy(request) == home  # all draining: the home still
+    load.update(dict.fromkeys(range(4), 1e308))
+    assert policy(request) == home  # a sum past float's limit
+    load.update({home: math.nan})
+    assert policy(request) == second
+    for ratio in (math.nan, math.inf):
+        with pytest.raises(ValueError, match="finite"):
+            CacheAffinity(max_load_ratio=ratio)
+    with pytest.raises(TypeError, match="must be a number, got str"):
+        CacheAffinity(max_load_ratio="2")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"load\(\d\) must return a number, got NoneType"):
+        CacheAffinity(load=lambda replica: None)(request)  # type: ignore[arg-type,return-value]
 
 
 def test_routing_only_computes_media_keys_when_the_policy_reads_them() -> None:
