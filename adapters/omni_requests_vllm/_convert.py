@@ -209,6 +209,8 @@ def from_vllm(prompt: object) -> Prompt:
     before a record is built; the error names the field, e.g.
     ``$.multi_modal_uuids.image[1]``. The input is never changed.
     """
+    if isinstance(prompt, Mapping):
+        prompt = _with_plain_keys(prompt)
     if isinstance(prompt, Mapping) and "encoder_prompt" in prompt:
         unknown = sorted(set(prompt) - {"encoder_prompt", "decoder_prompt"})
         if unknown:
@@ -218,6 +220,27 @@ def from_vllm(prompt: object) -> Prompt:
         decoder = None if decoder_value is None else _nested(decoder_value, "$.decoder_prompt")
         return EncoderDecoderPrompt(encoder_prompt=encoder, decoder_prompt=decoder)
     return _single_from_vllm(prompt)
+
+
+def _with_plain_keys(prompt: Mapping[Any, object]) -> Mapping[str, object]:
+    """``prompt``, or a copy of it keyed by plain ``str`` when a key is a subclass (read as
+    its text: a subclass's own ``==`` could match any field); a key that is no str, or
+    that gives a field twice, is refused by name."""
+    plain = True
+    for key in prompt:
+        if type(key) is not str:
+            if not isinstance(key, str):
+                raise PromptTypeError("$", f"prompt keys must be str, got {type_name(key)}")
+            plain = False
+    if plain:
+        return prompt
+    copied: dict[str, object] = {}
+    for key, value in prompt.items():
+        text = str.__str__(key)
+        if text in copied:
+            raise InvalidPromptError(f"$.{text}", "is given twice (a str subclass key reads as its text)")
+        copied[text] = value
+    return copied
 
 
 def _nested(value: object, path: str) -> SinglePrompt:
@@ -236,9 +259,7 @@ def _single_from_vllm(prompt: object) -> SinglePrompt:
         raise PromptTypeError(
             "$", f"a prompt must be a str, a list of token ids or a dict, got {type_name(prompt)}"
         )
-    for key in prompt:
-        if not isinstance(key, str):
-            raise PromptTypeError("$", f"prompt keys must be str, got {type_name(key)}")
+    prompt = _with_plain_keys(prompt)
     kind = _kind_of(prompt)
     unknown = [key for key in prompt if key not in _KEYS[kind]]
     if unknown:

@@ -128,6 +128,8 @@ def test_from_vllm_does_not_change_its_input() -> None:
             "$.encoder_prompt.multi_modal_uuids.image[0]",
         ),
         ({"encoder_prompt": "x", "extra": 1}, InvalidPromptError, "$.extra"),
+        ({"encoder_prompt": "x", 1: 2, "a": 3}, PromptTypeError, "$"),  # sorted() raised TypeError
+        ({"encoder_prompt": {"prompt": "x", 1: 2}}, PromptTypeError, "$.encoder_prompt"),
         (
             {
                 "prompt": "x",
@@ -143,6 +145,34 @@ def test_bad_dicts_name_the_field(prompt: object, error: type[Exception], path: 
     with pytest.raises(error) as caught:
         from_vllm(prompt)
     assert caught.value.path == path  # type: ignore[attr-defined]
+
+
+class _Pushy(str):
+    """A key that claims to equal every field."""
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+
+class _Apart(str):
+    """A key that hashes apart from its text."""
+
+    def __hash__(self) -> int:
+        return str.__hash__(self) + 1
+
+
+def test_a_str_subclass_key_is_read_as_its_text() -> None:
+    # Its own == matched a field it does not spell: TypeError "multiple values for
+    # argument 'prompt'" escaped (found by an adversarial review).
+    assert from_vllm({_Pushy("prompt"): "x"}) == TextPrompt(prompt="x")
+    with pytest.raises(InvalidPromptError) as caught:
+        from_vllm({_Pushy("colour"): "x", "prompt": "y"})
+    assert caught.value.path == "$.colour"
+    with pytest.raises(InvalidPromptError, match="given twice") as caught:
+        from_vllm({_Apart("prompt"): "x", "prompt": "y"})  # two entries, one field
+    assert caught.value.path == "$.prompt"
 
 
 @pytest.mark.parametrize(
