@@ -275,6 +275,8 @@ def chat_to_prompt(
                 "is for the stand-in without vLLM; with renderer=, vLLM's chat template renders",
             )
         return chat_with_vllm(messages, renderer, **fields)
+    if placeholders is not _UNSET:
+        _check_placeholders(placeholders)
     return _stand_in(
         messages,
         loader=loader,
@@ -282,6 +284,17 @@ def chat_to_prompt(
         placeholders=DEFAULT_PLACEHOLDERS if placeholders is _UNSET else placeholders,
         fields=fields,
     )
+
+
+def _check_placeholders(placeholders: object) -> None:
+    if not isinstance(placeholders, Mapping):
+        raise PromptTypeError(
+            "$.placeholders",
+            f"must be a mapping of modality to placeholder text, got {type_name(placeholders)}",
+        )
+    for modality, mark in placeholders.items():
+        if not isinstance(mark, str):
+            raise PromptTypeError(f"$.placeholders.{modality}", f"must be a str, got {type_name(mark)}")
 
 
 def _stand_in(

@@ -97,7 +97,12 @@ def part_uuid(part: Mapping[str, Any], path: str) -> str | None:
             f"must be a str (or an int, which vLLM reads as its str), got {type_name(uuid)}: vLLM keys "
             "the item by str(uuid), which for other values can be the same text for different ones",
         )
-    text = str(uuid)
+    try:
+        text = str(uuid)
+    except ValueError:  # an int past Python's limit on int-to-str conversion (4,300 digits)
+        raise InvalidPromptError(
+            f"{path}.uuid", f"an int of {int(uuid).bit_length()} bits is too long to read as text; give a str"
+        ) from None
     if not text:
         raise InvalidPromptError(f"{path}.uuid", "must not be empty: every item needs its own key")
     return text

@@ -259,6 +259,20 @@ def test_a_bad_part_is_refused_before_any_media_is_loaded(part: object) -> None:
     assert loaded == []
 
 
+def test_an_int_uuid_too_long_for_text_and_placeholders_that_are_no_text_are_refused_by_name() -> None:
+    # Python's ValueError (int-to-str past 4,300 digits) and TypeError escaped, naming no
+    # field (found by an adversarial review).
+    image = {"type": "image_url", "image_url": {"url": data_url("image/png", png_bytes(1))}}
+    with pytest.raises(InvalidPromptError, match="too long to read as text") as caught:
+        chat_to_prompt([{"role": "user", "content": [{**image, "uuid": 10**5000}]}])
+    assert caught.value.path == "$.messages[0].content[0].uuid"
+    assert chat_to_prompt([{"role": "user", "content": [{**image, "uuid": 10**4000}]}]).multi_modal_uuids
+    for placeholders, path in (({"image": 5}, "$.placeholders.image"), (["<image>"], "$.placeholders")):
+        with pytest.raises(PromptTypeError) as caught:
+            chat_to_prompt([{"role": "user", "content": [image]}], placeholders=placeholders)  # type: ignore[arg-type]
+        assert caught.value.path == path
+
+
 @pytest.mark.parametrize("uuid", ["stage0:rep1:cat", "tenant:acme:cat", "\ud800"])
 def test_a_uuid_records_refuse_is_named_at_its_part(uuid: str) -> None:
     # The record's own checks (scoped, policy-shaped, not UTF-8) name $.multi_modal_uuids;
