@@ -168,9 +168,11 @@ def _flip_at_each_step(build: Any, call: Any, check: Any, attr: str, other: Any)
             if phase == "start" and collections == k:
                 setattr(array, attr, other)
 
-        gc.collect()
+        gc.collect(0)
         threshold = gc.get_threshold()
-        gc.set_threshold(1)
+        # A young collection at each allocation, and never an old one: those walk the
+        # whole heap (torch and vLLM's, in the full suite), which took minutes.
+        gc.set_threshold(1, 1 << 30, 1 << 30)
         gc.callbacks.append(flip)
         try:
             call(built)
