@@ -113,11 +113,11 @@ def _checked_messages(messages: object) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for where, message, _ in checked_roles(messages):
         content = message.get("content")
-        if content is not None and not isinstance(content, (str, list)):
+        if content is not None and not isinstance(content, (str, list, tuple)):
             raise PromptTypeError(
                 f"{where}.content", f"must be a str, a list of parts or null, got {type_name(content)}"
             )
-        for p, part in enumerate(content if isinstance(content, list) else ()):
+        for p, part in enumerate(content if isinstance(content, (list, tuple)) else ()):
             if not isinstance(part, (Mapping, str)):
                 raise PromptTypeError(
                     f"{where}.content[{p}]", f"must be a content part object or a str, got {type_name(part)}"
@@ -131,6 +131,8 @@ def _checked_messages(messages: object) -> list[dict[str, Any]]:
                 )
         copied = _copied(message)
         assert isinstance(copied, dict)
+        if isinstance(copied.get("content"), tuple):  # vLLM iterates a tuple as a list of parts
+            copied["content"] = list(copied["content"])
         out.append(copied)
     return out
 

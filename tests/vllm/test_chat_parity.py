@@ -226,6 +226,16 @@ def test_placeholders_go_before_the_text_unless_interleaved(renderer: Any) -> No
     )
 
 
+@pytest.mark.parametrize("content_format", ["string", "openai"])
+def test_a_tuple_of_parts_renders_as_vllm_renders_it(renderer: Any, content_format: str) -> None:
+    # vLLM iterates a message's content whatever sequence holds its parts; the renderer
+    # road refused a tuple the stand-in took (found by an adversarial review).
+    parts = ({"type": "text", "text": "what is"}, {"type": "image_url", "image_url": {"url": _png_url(2)}})
+    messages = [{"role": "user", "content": parts}]
+    options = {"chat_template": TEMPLATE, "chat_template_content_format": content_format}
+    assert check_parity(renderer, messages, 1, **options) == "rendered"
+
+
 def test_an_llm_renders_with_the_chat_template_it_was_built_with(renderer: Any) -> None:
     # LLM.chat uses LLM(chat_template=...) where the call names none (vLLM's own
     # _preprocess_chat reads llm.chat_template); given only the renderer, that template
