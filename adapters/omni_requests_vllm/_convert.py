@@ -245,7 +245,7 @@ def _with_plain_keys(prompt: Mapping[Any, object]) -> Mapping[str, object]:
 
 def _nested(value: object, path: str) -> SinglePrompt:
     try:
-        return _single_from_vllm(value)
+        return _single_from_vllm(_with_plain_keys(value) if isinstance(value, Mapping) else value)
     except OmniRequestsError as error:
         raise error.under(path) from None
 
@@ -259,8 +259,7 @@ def _single_from_vllm(prompt: object) -> SinglePrompt:
         raise PromptTypeError(
             "$", f"a prompt must be a str, a list of token ids or a dict, got {type_name(prompt)}"
         )
-    prompt = _with_plain_keys(prompt)
-    kind = _kind_of(prompt)
+    kind = _kind_of(prompt)  # its keys plain str already (_with_plain_keys, by the caller)
     unknown = [key for key in prompt if key not in _KEYS[kind]]
     if unknown:
         raise InvalidPromptError(
