@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from ._embedding_fields import EmbeddingFields, is_embedding_modality, merge_embedding_fields
 from ._errors import type_name
 from ._keys import check_index
-from ._media import is_pil_image, is_torch_tensor, thaw
+from ._media import as_made, is_own_array, is_pil_image, is_torch_tensor, thaw
 from ._records import SINGLE_KINDS, MediaRow, SinglePrompt, refuse_engine_scoped
 from ._scoping import one_request
 from ._sealed import seal_of, unsealed
@@ -23,9 +23,11 @@ from ._sealed import seal_of, unsealed
 __all__ = [
     "EmbeddingFields",
     "SINGLE_KINDS",
+    "as_made",
     "check_index",
     "derived",
     "is_embedding_modality",
+    "is_own_array",
     "is_pil_image",
     "is_torch_tensor",
     "media_rows",

@@ -41,6 +41,7 @@ from ._media import (
     image_size_error,
     immutable_token,
     is_immutable_array,
+    is_own_array,
     is_pil_image,
     is_torch_tensor,
     media_kind,
@@ -725,15 +726,16 @@ class MediaHasher:
     ) -> str:
         """``compute(modality, item)``, cached where the item's bytes cannot change.
 
-        ``record``: ``item`` is a record's, whose views are read as their seals (cached by
-        the seal, computed from a hand-out). Otherwise a view is read as it is now, never
-        cached: its holder may have changed it.
+        ``record``: ``item`` is a record's, whose arrays are read as made and whose views
+        are read as their seals (cached by the seal, computed from a hand-out), whatever
+        their holders did to them. Otherwise an array or view is read as it is now, and
+        cached only while it is as made: its holder may have changed it.
         """
         leaves: list[object]
         token: object
         array: np.ndarray[Any, Any] | None = None
         if type(item) is np.ndarray:  # the common item, without building its token
-            if not is_immutable_array(item):
+            if not (is_own_array(item) if record else is_immutable_array(item)):
                 return compute(modality, item)
             array, leaves, token = item, [item], ("ndarray", id(item))
         else:

@@ -12,6 +12,7 @@ import math
 import pickle
 import struct
 import sys
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any, Final, TypeAlias, TypeVar
 
@@ -240,11 +241,17 @@ def check_text(path: str, text: str) -> str:
     return text
 
 
-# The arrays records made, each with what it was made as (its base, dtype, shape and
-# strides) and a twin: a view as made that nobody outside is given, so nobody can set its
-# shape or dtype. Only these arrays are read as immutable (see is_immutable_array).
-_MadeAs: TypeAlias = "tuple[object, np.dtype[Any], tuple[int, ...], tuple[int, ...], np.ndarray[Any, Any]]"
-_OWN_ARRAYS: Final[IdentityMap[_MadeAs]] = IdentityMap()
+# The arrays records made, each with its twin: a view of it as made that nobody outside is
+# given. A record reads its array only through the twin (keys, hand-outs, pickles, the
+# wire): numpy lets anyone set an array's shape, dtype or strides in place, even a
+# read-only one's, and its __setstate__ gives the very array other bytes, but either
+# changes only the object it is called on, never the twin or a hand-out.
+_OWN_ARRAYS: Final[IdentityMap[np.ndarray[Any, Any]]] = IdentityMap()
+# The base of each: the array over its bytes, which numpy makes the base of every view of
+# it (so anyone holding one reaches it), with those bytes and a weak reference to the
+# record's array. Its __setstate__ lets go of the bytes, freeing them under every view:
+# kept here, they live as long as the base, and so as long as any view of it.
+_OWN_BASES: Final[IdentityMap[tuple[object, weakref.ref[np.ndarray[Any, Any]]]]] = IdentityMap()
 
 
 def is_immutable_array(array: np.ndarray[Any, Any]) -> bool:
@@ -256,36 +263,72 @@ def is_immutable_array(array: np.ndarray[Any, Any]) -> bool:
     its ``bytes``, so a view taken before its owner set it read-only still writes them,
     and an array subclass can lie about its base. An array of ours whose shape, dtype or
     strides someone set in place (numpy allows it on a read-only array) no longer counts
-    either: its bytes read otherwise now, so its key is computed again.
+    either: given to a record, it is copied as it reads now. (The record it came from
+    still reads it as made: see :func:`as_made`.)
     """
-    made = _OWN_ARRAYS.get(array)
+    twin = _OWN_ARRAYS.get(array)
+    return twin is not None and _laid_out_as(array, twin)
+
+
+def _laid_out_as(array: np.ndarray[Any, Any], twin: np.ndarray[Any, Any]) -> bool:
     return (
-        made is not None
-        and made[0] is array.base
-        and made[1] is array.dtype
-        and made[2] == array.shape
-        and made[3] == array.strides
+        array.base is twin.base
+        and array.dtype is twin.dtype
+        and array.shape == twin.shape
+        and array.strides == twin.strides
     )
 
 
-def as_made(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """A record's own ``array`` as it was made, whatever its shape or dtype reads now.
+def is_own_array(array: object) -> bool:
+    """True for an array a record made, whatever its holder has set on it since."""
+    return _OWN_ARRAYS.get(array) is not None
 
-    What a key cached under the array's identity is computed from. Read from the array
-    itself, a shape set in place by another thread (or a finalizer) between the check
-    that it is as made and the hash would cache the other layout's key under it.
+
+def as_made(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A record's own ``array`` as it was made (its twin), else ``array`` itself.
+
+    What a record reads its array as: what its keys are computed from and what it hands
+    out. Read from the array itself, a shape set in place by another thread (or a
+    finalizer) between the check that it is as made and the hash would cache the other
+    layout's key under it. Never handed out: see :func:`handout`.
     """
-    made = _OWN_ARRAYS.get(array)
-    if made is None:
-        raise ValueError("not an array a record made")
-    return made[4]
+    twin = _OWN_ARRAYS.get(array)
+    return array if twin is None else twin
+
+
+def handout(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A fresh read-only view of a record's own ``array`` as made, else ``array`` itself.
+
+    What a record gives the engine, a pickle or the wire: a layout its holder sets in place
+    reaches no other request, and none set on the record's array reaches this one.
+    """
+    twin = _OWN_ARRAYS.get(array)
+    return array if twin is None else twin.view()
+
+
+def _handed_back(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+    """The record's own array ``array`` is a view of as made (a hand-out read back), or None."""
+    entry = _OWN_BASES.get(array.base)
+    if entry is None:
+        return None
+    own = entry[1]()
+    twin = None if own is None else _OWN_ARRAYS.get(own)
+    if (
+        twin is None
+        or not _laid_out_as(array, twin)
+        or array.__array_interface__["data"][0] != twin.__array_interface__["data"][0]
+    ):
+        return None
+    return own
 
 
 def _own(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     # numpy sets a view's base to the array over the bytes, never to ``array`` itself (it
     # owns no data): the twin does not keep ``array``, nor so its entry, alive.
+    base = array.base
     twin = array.view()  # read-only, as ``array`` is
-    _OWN_ARRAYS.put(array, (array.base, array.dtype, array.shape, array.strides, twin))
+    _OWN_ARRAYS.put(array, twin)
+    _OWN_BASES.put(base, (base.base, weakref.ref(array)))  # type: ignore[union-attr]
     return array
 
 
@@ -303,16 +346,21 @@ def frozen_array(data: bytes, dtype: np.dtype[Any], shape: tuple[int, ...]) -> n
 
 
 def immutable_array(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """``array`` when :func:`is_immutable_array` (a record's own), else a copy of it a
-    record owns: read-only over a ``bytes`` object, on pages the kernel refuses to write
-    from ``PROTECTED_FROM`` bytes (``_sealed.read_only_copy``).
+    """``array`` when a record's own (read as made: see :func:`as_made`), the record's own
+    array a view of it as made stands for (:func:`handout`), else a copy of it a record
+    owns: read-only over a ``bytes`` object, on pages the kernel refuses to write from
+    ``PROTECTED_FROM`` bytes (``_sealed.read_only_copy``).
 
     The copy is a plain C-ordered ``ndarray`` of the same dtype and shape (a subclass,
     such as a masked array, gives its data): vLLM keys a non-contiguous array like its
     contiguous copy, so the key is the one the original would have.
     """
-    if type(array) is np.ndarray and is_immutable_array(array):
-        return array
+    if type(array) is np.ndarray:
+        if is_own_array(array):  # read as made, whatever its holder set on it since
+            return array
+        own = _handed_back(array)
+        if own is not None:  # as made: the record's own, without a copy
+            return own
     source = np.asarray(array)
     copy = read_only_copy(source)  # the very array its protection is tied to: not reshaped
     if copy is None:
@@ -417,13 +465,13 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
             path, f"{type_name(value)} is both a container and an image or tensor; give one or the other"
         )
     if kind is MediaKind.ARRAY:
-        array: np.ndarray[Any, Any] = value  # type: ignore[assignment]
+        array: np.ndarray[Any, Any] = as_made(value)  # type: ignore[arg-type]  # a record's: as made
         if array.dtype.hasobject:
             raise PromptTypeError(path, "numpy arrays of dtype object cannot be hashed; use a numeric dtype")
         if array.dtype.itemsize == 0:
             raise PromptTypeError(path, f"arrays of dtype {array.dtype} hold no bytes to key")
         check_code_points(array, path)
-        return immutable_array(array)
+        return immutable_array(value)  # type: ignore[arg-type]
     if kind is MediaKind.TENSOR:
         given_back = given_back_tensor(value)  # an untouched hand-out: its seal, no copy
         if given_back is not None:
@@ -599,19 +647,20 @@ def _freeze_mapping(value: Mapping[Any, Any], path: str, freeze: Any, depth: int
 
 
 def thaw(value: object, *, pinned: bool = False) -> Any:
-    """The plain shape vLLM expects: lists, dicts and tuples; arrays stay read-only views,
-    and a sealed image or tensor is a fresh hand-out of what the record sealed.
+    """The plain shape vLLM expects: lists, dicts and tuples; a record's arrays as fresh
+    read-only views of them as made (:func:`handout`), and a sealed image or tensor as a
+    fresh hand-out of what the record sealed.
 
     ``pinned``: ``value`` is one :func:`immutable_token` took, and each array in it is
-    read :func:`as_made` (what a key cached under the token must be computed from)."""
+    read :func:`as_made`, never handed out (what a key cached under the token is computed from)."""
+    if type(value) is np.ndarray:
+        return as_made(value) if pinned else handout(value)
     if isinstance(value, PVector):
         return [thaw(v, pinned=pinned) for v in value]
     if isinstance(value, (FrozenDict, PMap)):
         return {k: thaw(v, pinned=pinned) for k, v in value.items()}
     if isinstance(value, tuple):
         return tuple(thaw(v, pinned=pinned) for v in value)
-    if pinned and type(value) is np.ndarray:
-        return as_made(value)
     return current(value)
 
 
@@ -658,9 +707,11 @@ def immutable_token(value: object, leaves: list[object], *, sealed: bool = False
     (``0.0`` from ``-0.0``; numpy scalars by their pickle, as vLLM hashes them). Only
     exact built-in types count; arrays only when :func:`is_immutable_array`, by identity,
     collected in ``leaves`` so a cache can drop the entry when one dies. With ``sealed``
-    (a record's item), a record's view of a sealed image or tensor counts by its seal
-    (whatever its holder did to the view, the record keys and sends the seal's bytes);
-    other tensors and PIL images can be changed by whoever holds them: never cached.
+    (a record's item), a record's own array counts whatever layout its holder set on it,
+    and a record's view of a sealed image or tensor counts by its seal: the record keys
+    and sends the array as made and the seal's bytes, whatever was done to its objects
+    (compute a key under such a token from ``thaw(value, pinned=True)``). Other tensors
+    and PIL images can be changed by whoever holds them: never cached.
     """
     if sealed:
         seal = seal_of(value)
@@ -673,7 +724,8 @@ def immutable_token(value: object, leaves: list[object], *, sealed: bool = False
     if kind is float:
         return (kind, struct.pack("<d", value))
     if kind is np.ndarray:
-        if not is_immutable_array(value):  # type: ignore[arg-type]
+        # A record's own array is read as made, whatever its holder set on it since.
+        if not (is_own_array(value) if sealed else is_immutable_array(value)):  # type: ignore[arg-type]
             return None
         leaves.append(value)
         return ("ndarray", id(value))

@@ -29,6 +29,7 @@ from ._media import (
     FrozenDict,
     MediaKind,
     apply_palette_state,
+    as_made,
     check_code_points,
     check_text,
     freeze_media,
@@ -36,6 +37,7 @@ from ._media import (
     frozen_array,
     frozen_map,
     is_frozen_map,
+    is_own_array,
     is_pil_image,
     is_torch_tensor,
     media_kind,
@@ -101,6 +103,8 @@ _EMPTY: Final[PMap[str, Any]] = frozen_map({}, "empty")
 
 
 def _ndim(value: object) -> int | None:
+    if type(value) is np.ndarray:
+        return as_made(value).ndim  # a record's own array: as made, whatever was set on it since
     kind = media_kind(value)
     if kind is MediaKind.ARRAY or kind is MediaKind.TENSOR:
         return int(value.ndim)  # type: ignore[attr-defined]
@@ -129,7 +133,7 @@ def _split_items(modality: str, data: Any) -> list[object]:
         if ndim == 1 or isinstance(data, tuple):
             return [data]
     if ndim is not None or as_list or (modality == "image" and isinstance(data, tuple)):
-        return list(data)
+        return list(as_made(data) if type(data) is np.ndarray else data)
     return [data]
 
 
@@ -206,8 +210,12 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
 
 def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
     """A modality's value as the record's checked, frozen list of items."""
+    if type(data) is np.ndarray and not is_own_array(data):
+        # A private view: the checks and the copy read one layout, whatever another
+        # thread sets on the caller's array meanwhile. (A record's own is read as made.)
+        data = data.view()
     if isinstance(data, np.ndarray):  # before splitting reads its elements
-        check_code_points(data, where)
+        check_code_points(as_made(data) if type(data) is np.ndarray else data, where)
     # A pvector is a list of items already (a record's own); anything else is read
     # the way vLLM reads it, so single items and lists give the same record.
     if is_torch_tensor(data) and data.is_nested:  # torch refuses its len() and sizes
@@ -535,6 +543,8 @@ def values_equal(a: Any, b: Any, depth: int = 0) -> bool:
     if kind is MediaKind.IMAGE or kind is MediaKind.TENSOR:
         a, b = current(a), current(b)  # a record's view: the bytes it sealed
     if kind is MediaKind.ARRAY:
+        if type(a) is np.ndarray and type(b) is np.ndarray:
+            a, b = as_made(a), as_made(b)  # a record's own array: as made, as it keys and sends it
         if a.dtype.hasobject or b.dtype.hasobject:  # options only: its bytes are pointers
             # as Python values, structured fields too (an element is an np.void of pointers)
             return (

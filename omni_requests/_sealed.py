@@ -853,7 +853,7 @@ def _lift_all() -> None:
 
 def read_only_copy(source: Any) -> Any:
     """A read-only C-ordered copy of numpy array ``source`` over a ``bytes`` object whose
-    pages under it the kernel refuses to write for as long as the copy lives; None from
+    pages under it the kernel refuses to write for as long as the copy or any view of it lives; None from
     arrays under ``PROTECTED_FROM`` or where the system has no protection to spare (the
     caller copies into a plain ``bytes`` object).
 
@@ -885,7 +885,9 @@ def read_only_copy(source: Any) -> Any:
         copy = np.frombuffer(data, source.dtype, source.size, start - address).reshape(source.shape)
         # Registered before the pages are protected: from here on, whatever is raised,
         # the array's death makes them writable again and gives the budget back.
-        protection = _Protection(copy, _lift)
+        # Tied to the array over the bytes, the base of every view of the copy: the
+        # record hands out views, which may outlive the copy (and its record).
+        protection = _Protection(copy.base, _lift)
         protection.data, protection.size, protection.start = data, size, start
         _PROTECTIONS[id(protection)] = protection
     except BaseException:  # a copy that failed (MemoryError) or a signal handler's raise

@@ -23,8 +23,10 @@ from omni_requests import (
 )
 from omni_requests._adapter_api import (
     SINGLE_KINDS,
+    as_made,
     derived,
     is_embedding_modality,
+    is_own_array,
     is_pil_image,
     is_torch_tensor,
     media_rows,
@@ -72,7 +74,8 @@ def _plan(kind: type[Any]) -> _Plan:
 
 _PLANS: Final[dict[type[Any], _Plan]] = {kind: _plan(kind) for kind in SINGLE_KINDS}
 # Values thaw() returns as they are: skip the call (to_vllm is on every request's path).
-_AS_IS: Final = frozenset({str, bytes, int, float, bool, type(None), np.ndarray})
+# Not arrays: a record hands out a fresh view of each, as made (see thaw).
+_AS_IS: Final = frozenset({str, bytes, int, float, bool, type(None)})
 
 
 @overload
@@ -92,8 +95,10 @@ def to_vllm(prompt: Prompt) -> Any:
 
     Only fields that are set appear. Lists, dicts and tuples are fresh plain objects
     each call, so the engine may change them without reaching the record; arrays are
-    the record's read-only views (no copy), and images and tensors fresh hand-outs of
-    what the record sealed (copy-on-write views of its bytes; see ``docs/design.md``).
+    fresh read-only views of the record's arrays as made (no copy: a shape or dtype set
+    on one reaches neither the record nor another request), and images and tensors
+    fresh hand-outs of what the record sealed (copy-on-write views of its bytes; see
+    ``docs/design.md``).
     """
     plan = _PLANS.get(type(prompt))
     if plan is not None:
@@ -120,10 +125,8 @@ def _single_to_vllm(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
     main, data, options = layout
     out: VllmPrompt = {plan[0]: main}
     if data:
-        # A record's sealed images and tensors go out as fresh hand-outs (see thaw).
-        out["multi_modal_data"] = {
-            m: [thaw(item) for item in items] if sealed else list(items) for m, items, sealed in data
-        }
+        # A record's arrays, sealed images and tensors go out as fresh hand-outs (see thaw).
+        out["multi_modal_data"] = {m: _handed_out(items, out_as) for m, items, out_as in data}
     uuids = rendered_uuids(prompt)
     if uuids is not None:
         out["multi_modal_uuids"] = uuids
@@ -134,24 +137,43 @@ def _single_to_vllm(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
 
 _LAYOUT: Final = "omni_requests_vllm.layout"
 _THAW_EACH_TIME: Final = ("thaw each time",)
-_Layout: TypeAlias = "tuple[Any, tuple[tuple[str, tuple[Any, ...], bool], ...], tuple[tuple[str, Any], ...]]"
+# How a modality's items go out: a new list of them as they are, each thawed, or (a tuple)
+# a fresh view of each of these twins (the record's arrays as made; see as_made).
+_AS_GIVEN: Final = "as given"
+_THAW: Final = "thaw"
+_VIEW: Final = np.ndarray.view
+_Layout: TypeAlias = "tuple[Any, tuple[tuple[str, tuple[Any, ...], Any], ...], tuple[tuple[str, Any], ...]]"
 
 
 def _layout(prompt: SinglePrompt, plan: _Plan) -> _Layout | tuple[str]:
     """The values that go out as they are, or a marker: some value is a container, thawed each call."""
     name, options, read_options, _ = plan
     main = getattr(prompt, name)
-    data = tuple(
-        (m, items, any(seal_of(item) is not None for item in items))
-        for m, items, _ in media_rows(prompt)
-        if items is not None
-    )
+    data = tuple((m, items, _out_as(items)) for m, items, _ in media_rows(prompt) if items is not None)
     given = tuple((n, v) for n, v in zip(options, read_options(prompt), strict=True) if v is not None)
-    values = [main, *(v for _, v in given), *(item for _, items, _ in data for item in items)]
-    # thaw() hands tensors and images on as they are too; anything else is a container.
-    if not all(type(v) in _AS_IS or is_torch_tensor(v) or is_pil_image(v) for v in values):
+    fields = [main, *(v for _, v in given)]
+    items = [item for _, items, _ in data for item in items]
+    # thaw() hands tensors and images on as they are too; anything else is a container
+    # (or an array out of a media map, which goes out as a fresh view each call).
+    if not all(type(v) in _AS_IS or is_torch_tensor(v) or is_pil_image(v) for v in fields) or not all(
+        type(v) in _AS_IS or type(v) is np.ndarray or is_torch_tensor(v) or is_pil_image(v) for v in items
+    ):
         return _THAW_EACH_TIME
     return main, data, given
+
+
+def _handed_out(items: tuple[Any, ...], out_as: Any) -> list[Any]:
+    if type(out_as) is tuple:  # arrays alone, the common case: fresh views of their twins
+        return list(map(_VIEW, out_as))
+    return list(items) if out_as is _AS_GIVEN else [thaw(item) for item in items]
+
+
+def _out_as(items: tuple[Any, ...]) -> Any:
+    if items and all(type(item) is np.ndarray and is_own_array(item) for item in items):
+        return tuple(as_made(item) for item in items)
+    if any(type(item) is np.ndarray or seal_of(item) is not None for item in items):
+        return _THAW
+    return _AS_GIVEN
 
 
 def _thawed(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:

@@ -181,7 +181,8 @@ def test_protected_arrays_reach_the_model_read_and_never_written(
             hasher=MediaHasher(str(model_dir)),
         )
         held = {id(protection()) for protection in _sealed._PROTECTIONS.values()}
-        assert {id(record.multi_modal_data[m][0]) for m in ("image", "video")} <= held
+        # Tied to the base under the record's array, which every view handed out keeps alive.
+        assert {id(record.multi_modal_data[m][0].base) for m in ("image", "video")} <= held
         for _ in range(2):  # sent twice: the second request reads the same protected pages
             (out,) = llm.generate(to_vllm(record), greedy, use_tqdm=False)
             assert output_of(out) == answer
