@@ -36,8 +36,8 @@ from ._image_road import pixels
 from ._media import (
     IMAGE_MODES,
     MediaKind,
-    as_made,
     check_text,
+    handout,
     image_size_error,
     immutable_token,
     is_immutable_array,
@@ -746,10 +746,11 @@ class MediaHasher:
         cache_key = (kind, self.algorithm, self.model_id, modality, token)
         digest = _CACHE.get(cache_key)
         if digest is None:
-            # From the arrays as made, which the token stands for: read from the arrays
-            # themselves, a shape or dtype set in place meanwhile (another thread, a
-            # finalizer) would be hashed, and its key served once the layout is restored.
-            digest = compute(modality, as_made(array) if array is not None else thaw(item, pinned=True))
+            # From the arrays as made (fresh views of them), which the token stands for:
+            # read from the arrays themselves, a shape or dtype set in place meanwhile
+            # (another thread, a finalizer) would be hashed, and its key served once the
+            # layout is restored.
+            digest = compute(modality, handout(array) if array is not None else thaw(item))
             _CACHE.put(cache_key, digest, leaves)
         return digest
 

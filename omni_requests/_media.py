@@ -287,10 +287,9 @@ def is_own_array(array: object) -> bool:
 def as_made(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """A record's own ``array`` as it was made (its twin), else ``array`` itself.
 
-    What a record reads its array as: what its keys are computed from and what it hands
-    out. Read from the array itself, a shape set in place by another thread (or a
-    finalizer) between the check that it is as made and the hash would cache the other
-    layout's key under it. Never handed out: see :func:`handout`.
+    What a record reads its array as. Never handed out, nor kept in a frame that can
+    raise or call code not ours (a traceback's locals would hand it out): read an
+    attribute of it in one expression, or take :func:`handout`.
     """
     twin = _OWN_ARRAYS.get(array)
     return array if twin is None else twin
@@ -304,6 +303,22 @@ def handout(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """
     twin = _OWN_ARRAYS.get(array)
     return array if twin is None else twin.view()
+
+
+def refuse_set_in_place(array: np.ndarray[Any, Any], path: str) -> None:
+    """Refuse a record's own ``array`` whose layout someone set in place since it was made.
+
+    Records read their arrays as made: given to a record, it would be kept as made, not
+    as its holder now sees it. A clear error instead of that surprise.
+    """
+    if is_own_array(array) and not is_immutable_array(array):
+        raise InvalidPromptError(
+            path,
+            "is a record's array whose shape, dtype or strides were set in place since it was "
+            "made (numpy allows it, even on a read-only array); records read their arrays as "
+            "made, so it would be kept as it was: give a new view of it (array.reshape(...), "
+            "array.view(dtype)) for another layout",
+        )
 
 
 def _handed_back(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
@@ -465,7 +480,8 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
             path, f"{type_name(value)} is both a container and an image or tensor; give one or the other"
         )
     if kind is MediaKind.ARRAY:
-        array: np.ndarray[Any, Any] = as_made(value)  # type: ignore[arg-type]  # a record's: as made
+        refuse_set_in_place(value, path)  # type: ignore[arg-type]
+        array: np.ndarray[Any, Any] = handout(value)  # type: ignore[arg-type]  # a record's: as made
         if array.dtype.hasobject:
             raise PromptTypeError(path, "numpy arrays of dtype object cannot be hashed; use a numeric dtype")
         if array.dtype.itemsize == 0:
@@ -599,9 +615,11 @@ def freeze_option(value: object, path: str, depth: int = 0) -> object:
         return value
     if isinstance(value, np.void) and not value.dtype.hasobject and value.dtype.itemsize:
         return _owned_void(value, path)
-    if isinstance(value, (np.ndarray, np.void)):
+    if isinstance(value, np.void):
         check_code_points(value, path)
     if isinstance(value, np.ndarray):
+        refuse_set_in_place(value, path)
+        check_code_points(handout(value), path)
         return value if value.dtype.hasobject or value.dtype.itemsize == 0 else immutable_array(value)
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
@@ -646,21 +664,18 @@ def _freeze_mapping(value: Mapping[Any, Any], path: str, freeze: Any, depth: int
     return FrozenDict(frozen)
 
 
-def thaw(value: object, *, pinned: bool = False) -> Any:
+def thaw(value: object) -> Any:
     """The plain shape vLLM expects: lists, dicts and tuples; a record's arrays as fresh
     read-only views of them as made (:func:`handout`), and a sealed image or tensor as a
-    fresh hand-out of what the record sealed.
-
-    ``pinned``: ``value`` is one :func:`immutable_token` took, and each array in it is
-    read :func:`as_made`, never handed out (what a key cached under the token is computed from)."""
+    fresh hand-out of what the record sealed. What a record's keys are computed from, too."""
     if type(value) is np.ndarray:
-        return as_made(value) if pinned else handout(value)
+        return handout(value)
     if isinstance(value, PVector):
-        return [thaw(v, pinned=pinned) for v in value]
+        return [thaw(v) for v in value]
     if isinstance(value, (FrozenDict, PMap)):
-        return {k: thaw(v, pinned=pinned) for k, v in value.items()}
+        return {k: thaw(v) for k, v in value.items()}
     if isinstance(value, tuple):
-        return tuple(thaw(v, pinned=pinned) for v in value)
+        return tuple(thaw(v) for v in value)
     return current(value)
 
 
@@ -710,7 +725,7 @@ def immutable_token(value: object, leaves: list[object], *, sealed: bool = False
     (a record's item), a record's own array counts whatever layout its holder set on it,
     and a record's view of a sealed image or tensor counts by its seal: the record keys
     and sends the array as made and the seal's bytes, whatever was done to its objects
-    (compute a key under such a token from ``thaw(value, pinned=True)``). Other tensors
+    (compute a key under such a token from ``thaw(value)``). Other tensors
     and PIL images can be changed by whoever holds them: never cached.
     """
     if sealed:

@@ -36,6 +36,7 @@ from ._media import (
     freeze_option,
     frozen_array,
     frozen_map,
+    handout,
     is_frozen_map,
     is_own_array,
     is_pil_image,
@@ -101,10 +102,13 @@ _EMPTY: Final[PMap[str, Any]] = frozen_map({}, "empty")
 
 # -- splitting a modality's value into items, as vLLM's MultiModalDataParser does --
 
+_NDIM: Final = np.ndarray.ndim.__get__
+
 
 def _ndim(value: object) -> int | None:
-    if type(value) is np.ndarray:
-        return as_made(value).ndim  # a record's own array: as made, whatever was set on it since
+    if isinstance(value, np.ndarray):
+        # As numpy reads it (a subclass's ndim may lie), and a record's own array as made.
+        return _NDIM(as_made(value) if type(value) is np.ndarray else value)  # type: ignore[no-any-return]
     kind = media_kind(value)
     if kind is MediaKind.ARRAY or kind is MediaKind.TENSOR:
         return int(value.ndim)  # type: ignore[attr-defined]
@@ -195,7 +199,13 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
                 "chat path from vLLM's parser), or give a list of items (embeddings as a tensor "
                 "per item, where the model takes them)",
             )
-        if _ndim(data) == 0:  # vLLM would iterate over it and fail
+        read = data
+        if isinstance(data, np.ndarray) and not is_own_array(data):
+            # Read once, through a private view (a subclass's as the array it carries): the
+            # checks and the copy read one layout, whatever another thread sets on the
+            # caller's array meanwhile. (A record's own array is read as made.)
+            read = np.ndarray.view(data, np.ndarray)
+        if _ndim(read) == 0:  # vLLM would iterate over it and fail
             raise PromptTypeError(where, f"a 0-d {type_name(data)} is neither an item nor a list of items")
         if _is_own_vector(data, modality):
             # A record's own items, checked and frozen (replace_media keeps them): frozen
@@ -203,19 +213,15 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
             frozen[modality] = data
             continue
         frozen[modality] = made_in_this_call(
-            ("modality", modality, id(data)), data, _freeze_items, where, modality, data
+            ("modality", modality, id(data)), data, _freeze_items, where, modality, read
         )
     return frozen_map(frozen, "media") if frozen else _EMPTY
 
 
 def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
     """A modality's value as the record's checked, frozen list of items."""
-    if type(data) is np.ndarray and not is_own_array(data):
-        # A private view: the checks and the copy read one layout, whatever another
-        # thread sets on the caller's array meanwhile. (A record's own is read as made.)
-        data = data.view()
     if isinstance(data, np.ndarray):  # before splitting reads its elements
-        check_code_points(as_made(data) if type(data) is np.ndarray else data, where)
+        check_code_points(handout(data), where)
     # A pvector is a list of items already (a record's own); anything else is read
     # the way vLLM reads it, so single items and lists give the same record.
     if is_torch_tensor(data) and data.is_nested:  # torch refuses its len() and sizes
@@ -225,6 +231,7 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
     items = data if isinstance(data, PVector) else _split_items(modality, data)
     if modality in _VISUAL_AUDIO:
         _check_no_text(where, modality, data, items)
+        _check_no_numbers(where, modality, items)
     if modality == "image":
         _check_images_parse(where, items)
     if modality == "video":
@@ -239,12 +246,21 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
     # from an iterable that then raises, so a refused item leaked the items before it.
     vector = pvector(
         [
-            made_in_this_call(("item", id(item)), item, freeze_media, item, f"{where}[{i}]")
+            made_in_this_call(_item_key(item), item, freeze_media, item, f"{where}[{i}]")
             for i, item in enumerate(items)
         ]
     )
     _OWN_VECTORS.put(vector, modality)
     return vector
+
+
+def _item_key(item: object) -> tuple[object, ...]:
+    """An item's name for reusing its frozen copy within one call (``made_in_this_call``):
+    an array by its layout too, as the checks just read it, so one whose shape was set
+    since an earlier dict of the call froze it is frozen again, as it was checked."""
+    if isinstance(item, np.ndarray) and not is_own_array(item):  # a record's own: read as made
+        return ("item", id(item), np.ndarray.dtype.__get__(item), np.ndarray.shape.__get__(item))
+    return ("item", id(item))
 
 
 # The item lists records froze, by identity, with their modality: a list found here holds
@@ -295,6 +311,21 @@ def _check_images_parse(where: str, items: Sequence[object]) -> None:
                 f"{where}[{i}]",
                 f"vLLM's image parser cannot turn this {image.mode} image into RGB ({type(error).__name__}: "
                 f"{error}); fix {what}, or convert it to RGB first",
+            )
+
+
+def _check_no_numbers(where: str, modality: str, items: Sequence[object]) -> None:
+    # A 1-D array (or a list of numbers) given as a modality's whole value splits into
+    # numbers, which vLLM's parser fails on (or, for audio, reads as one waveform).
+    if modality == "audio":
+        return  # _check_audio_items says what audio takes instead
+    for i, item in enumerate(items):
+        if isinstance(item, (int, float, np.number, np.bool_)):
+            raise PromptTypeError(
+                f"{where}[{i}]",
+                f"a number is not an {modality} item (a 1-D array or a list of numbers split "
+                f"into numbers); give each {modality} as an array, a tensor"
+                + (" or a PIL image" if modality == "image" else " or a list of frames"),
             )
 
 
@@ -544,7 +575,7 @@ def values_equal(a: Any, b: Any, depth: int = 0) -> bool:
         a, b = current(a), current(b)  # a record's view: the bytes it sealed
     if kind is MediaKind.ARRAY:
         if type(a) is np.ndarray and type(b) is np.ndarray:
-            a, b = as_made(a), as_made(b)  # a record's own array: as made, as it keys and sends it
+            a, b = handout(a), handout(b)  # a record's own array: as made, as it keys and sends it
         if a.dtype.hasobject or b.dtype.hasobject:  # options only: its bytes are pointers
             # as Python values, structured fields too (an element is an np.void of pointers)
             return (
@@ -599,6 +630,8 @@ def _summary(value: object) -> str:
     """A short description of a media value, so records print in a line, not megabytes."""
     kind = media_kind(value)
     if kind is MediaKind.ARRAY or kind is MediaKind.TENSOR:
+        if type(value) is np.ndarray:
+            value = handout(value)  # a record's own array: as made, as it sends it
         shape = "x".join(str(n) for n in value.shape)  # type: ignore[attr-defined]
         return f"{type(value).__name__}({value.dtype}, {shape or 'scalar'})"  # type: ignore[attr-defined]
     if kind is MediaKind.IMAGE:

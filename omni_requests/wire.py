@@ -64,10 +64,10 @@ from ._media import (  # the caller's modality order: a PMap iterates in its own
     PALETTE_MODES,
     PALETTE_RAWMODES,
     apply_palette_state,
-    as_made,
     beyond_unicode,
     beyond_unicode_message,
     frozen_array,
+    handout,
     is_pil_image,
     is_torch_tensor,
     palette_state,
@@ -288,7 +288,7 @@ def _value_tree(value: Any, path: str) -> Any:
             out[key] = _value_tree(item, f"{path}.{key}")
         return out
     if kind is np.ndarray:
-        return _array_tree(as_made(value), path)  # a record's array: as made, what it keys
+        return _array_tree(handout(value), path)  # a record's array: as made, what it keys
     if isinstance(value, np.generic):
         dtype = _wire_dtype(value.dtype, path)
         return [_TAGS[_SCALAR], dtype.str, value.tobytes()]

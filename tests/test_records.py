@@ -144,9 +144,9 @@ def test_a_records_own_arrays_are_shared_without_a_copy_and_a_callers_are_copied
     # numpy allows a shape set in place: the array still stands for the record's media as
     # made (which every record reads it as); a reshaped view is another array, copied.
     own.shape = (own.shape[0], -1)
-    kept = TextPrompt(prompt="v", multi_modal_data={"video": [own]})
-    assert kept.multi_modal_data["video"][0] is own
-    assert kept == TextPrompt(prompt="v", multi_modal_data={"video": [frames]})  # compared as made
+    with pytest.raises(InvalidPromptError, match=r"video\[0\]: is a record's array"):
+        TextPrompt(prompt="v", multi_modal_data={"video": [own]})
+    assert p == TextPrompt(prompt="x", multi_modal_data={"video": frames})  # compared as made
     reshaped = p.multi_modal_data["video"][0].reshape(frames.shape[0], -1)
     copied = TextPrompt(prompt="v", multi_modal_data={"image": [reshaped]}).multi_modal_data["image"][0]
     assert copied is not own and copied.shape == reshaped.shape and np.array_equal(copied, reshaped)

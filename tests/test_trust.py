@@ -13,6 +13,7 @@ import gc
 import itertools
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from omni_requests import (
     TokensPrompt,
     rendered_uuids,
     scope_to_replica,
+    wire,
 )
 from omni_requests_omni import CacheAffinity, RouteRequest, Stage0Pool, scope_stage0
 from omni_requests_vllm import from_vllm, to_vllm
@@ -277,25 +279,125 @@ def test_a_callers_array_changed_while_a_record_is_built_is_kept_as_it_was_check
             assert np.array_equal(np.stack(list(items)), frames.reshape(8, 4, 3))
 
 
-def test_an_option_array_set_in_place_reaches_no_record_made_from_its_template() -> None:
+def test_a_records_array_set_in_place_is_sent_as_made_and_refused_as_given() -> None:
     # Options were frozen again by attrs.evolve and replace_media: a record's option array
-    # whose layout or bytes were set in place was copied as it read then.
+    # whose layout or bytes were set in place was copied as it read then, into every record
+    # made from the template. Records read their arrays as made; given to a record, one set
+    # in place is refused, naming it, rather than kept as made behind its holder's back.
     weights = np.arange(12, dtype=np.int64).reshape(3, 4)
-    for change in _LAYOUT_CHANGES.values():
+    for name, change in _LAYOUT_CHANGES.items():
         template = TextPrompt(prompt="x", mm_processor_kwargs={"w": weights, "nested": [(weights,)]})
         change(template.mm_processor_kwargs["w"])
         change(template.mm_processor_kwargs["nested"][0][0])
-        for made in (
-            template,
-            attrs.evolve(template, prompt="y"),
-            template.replace_media({"image": [np.zeros((2, 2, 3), np.uint8)]}),
-            pickle.loads(pickle.dumps(template)),
-            from_vllm(to_vllm(template)),
-        ):
+        for made in (template, pickle.loads(pickle.dumps(template)), from_vllm(to_vllm(template))):
             sent = to_vllm(made)["mm_processor_kwargs"]
             for array in (sent["w"], sent["nested"][0][0]):
-                assert array.shape == weights.shape and np.array_equal(array, weights)
+                assert array.shape == weights.shape and np.array_equal(array, weights), name
         assert template == TextPrompt(prompt="x", mm_processor_kwargs={"w": weights, "nested": [(weights,)]})
+        for remake in (
+            lambda t: attrs.evolve(t, prompt="y"),
+            lambda t: t.replace_media({"image": [np.zeros((2, 2, 3), np.uint8)]}),
+            lambda t: TextPrompt(prompt="x", multi_modal_data={"audio": [t.mm_processor_kwargs["w"]]}),
+        ):
+            with pytest.raises(InvalidPromptError, match=r"set in place since it was made"):
+                remake(template)
+
+
+class _LyingNdim(np.ndarray):  # type: ignore[type-arg]
+    ndim = property(lambda self: 4)  # "I am a video"
+
+
+def test_an_array_subclass_cannot_lie_its_way_past_the_video_checks() -> None:
+    # 3-D frames whose ndim said 4 were kept as 3-D video items: vLLM parses
+    # them as the frames of one video (found by an adversarial review). A subclass is
+    # read as the array it carries, as the record keeps it.
+    frames = [np.full((8, 8, 3), i, np.uint8).view(_LyingNdim) for i in range(3)]
+    plain = [frame.view(np.ndarray) for frame in frames]
+    for given, as_plain in ((frames, plain), (tuple(frames), tuple(plain)), (frames[0], plain[0])):
+        try:
+            expected = TextPrompt(prompt="x", multi_modal_data={"video": as_plain})
+        except PromptTypeError as refused:
+            with pytest.raises(PromptTypeError, match=re.escape(str(refused))):
+                TextPrompt(prompt="x", multi_modal_data={"video": given})
+        else:
+            assert TextPrompt(prompt="x", multi_modal_data={"video": given}) == expected
+    with pytest.raises(PromptTypeError, match="frames of one video"):
+        TextPrompt(prompt="x", multi_modal_data={"video": tuple(frames)})
+
+
+def test_an_array_reshaped_between_the_dicts_of_one_call_is_frozen_as_it_was_checked() -> None:
+    # scope_stage0 freezes an object once per call; a Mapping's own code set the shape of
+    # an array an earlier dict of the call had frozen, so the checks read it 4-D while the
+    # record reused the 3-D copy: an item vLLM parses otherwise than it is keyed.
+    array = np.random.default_rng(5).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+
+    class Late(Mapping[str, Any]):
+        def __init__(self, data: dict[str, Any]) -> None:
+            self.data = data
+
+        def __getitem__(self, key: str) -> Any:
+            return self.data[key]
+
+        def __len__(self) -> int:
+            return len(self.data)
+
+        def __iter__(self) -> Any:
+            array.shape = (1, 8, 8, 3)
+            return iter(self.data)
+
+    pool = Stage0Pool(replicas=2, select=lambda request: 1)
+    _, (image, video_dict) = scope_stage0(
+        [
+            {"prompt": "a", "multi_modal_data": {"image": [array]}},
+            Late({"prompt": "b", "multi_modal_data": {"video": [array]}}),
+        ],
+        pool=pool,
+        hasher=HASHER,
+        request_id="r",
+    )
+    assert image["multi_modal_data"]["image"][0].shape == (8, 8, 3)
+    (sent,) = video_dict["multi_modal_data"]["video"]
+    assert sent.shape == (1, 8, 8, 3)
+    assert video_dict["multi_modal_uuids"]["video"][0] == _truth("video", sent, "stage0:rep1:")
+
+
+def test_no_frame_of_a_refusal_holds_what_a_record_reads_its_array_through() -> None:
+    # The wire format refused a structured array while a frame held the record's private
+    # view of it as made: setting that view's shape from the traceback changed what the
+    # record sent after its key was cached. Every array in the traceback is set another
+    # shape here; the record must not notice.
+    item = np.zeros(4, dtype=[("a", "u1"), ("b", "u1")])
+    item["a"] = [1, 2, 3, 4]
+    record = scope_to_replica(
+        TextPrompt(prompt="x", multi_modal_data={"sensor": [item]}, mm_processor_kwargs={"s": item}),
+        0,
+        hasher=HASHER,
+    )
+    first = to_vllm(record)
+    with pytest.raises(PromptTypeError) as refused:
+        wire.encode(record)
+    traceback = refused.value.__traceback__
+    reshaped = 0
+    while traceback is not None:
+        for value in traceback.tb_frame.f_locals.values():
+            if isinstance(value, np.ndarray) and value.size == 4:
+                value.shape = (2, 2)
+                reshaped += 1
+        traceback = traceback.tb_next
+    assert reshaped
+    again = to_vllm(record)
+    assert again["multi_modal_uuids"] == first["multi_modal_uuids"]
+    for sent in (again["multi_modal_data"]["sensor"][0], again["mm_processor_kwargs"]["s"]):
+        assert sent.shape == (4,) and sent.tobytes() == item.tobytes()
+
+
+@pytest.mark.parametrize("modality", ["image", "video"])
+def test_numbers_are_no_image_or_video_items(modality: str) -> None:
+    # A 1-D array given as a whole image or video value split into numpy scalars, which
+    # the record kept and vLLM's parser (video) or the model's processor (image) failed on.
+    for given in (np.arange(3, dtype=np.uint8), [1, 2], [np.float32(0.5)]):
+        with pytest.raises(PromptTypeError, match=f"a number is not an {modality} item"):
+            TextPrompt(prompt="x", multi_modal_data={modality: given})
 
 
 @pytest.mark.parametrize("size", [(8, 8, 3), (128, 256, 3)], ids=["small", "protected"])
