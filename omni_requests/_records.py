@@ -316,15 +316,16 @@ def _check_images_parse(where: str, items: Sequence[object]) -> None:
 
 def _check_no_numbers(where: str, modality: str, items: Sequence[object]) -> None:
     # A 1-D array (or a list of numbers) given as a modality's whole value splits into
-    # numbers, which vLLM's parser fails on (or, for audio, reads as one waveform).
+    # numbers, which vLLM's parser (video) or the model's processor (image) fails on (for
+    # audio, the list reads as one waveform).
     if modality == "audio":
         return  # _check_audio_items says what audio takes instead
     for i, item in enumerate(items):
         if isinstance(item, (int, float, np.number, np.bool_)):
             raise PromptTypeError(
                 f"{where}[{i}]",
-                f"a number is not an {modality} item (a 1-D array or a list of numbers split "
-                f"into numbers); give each {modality} as an array, a tensor"
+                f"a number is not {'an' if modality == 'image' else 'a'} {modality} item (a 1-D array "
+                f"or a list of numbers splits into numbers); give each {modality} as an array, a tensor"
                 + (" or a PIL image" if modality == "image" else " or a list of frames"),
             )
 
@@ -399,12 +400,22 @@ def _check_uuid(path: str, uuid: object) -> str | None:
     return check_text(path, uuid)
 
 
+# The option maps records froze: one given again (attrs.evolve, replace_media, a field
+# passed on) is a record's own, checked and frozen, and is kept as it is. Frozen again, an
+# array in it whose layout its holder set in place would be refused, in a call that was
+# not given it; kept, the record reads it as made, as the one it came from does.
+_OWN_OPTIONS: Final[IdentityMap[bool]] = IdentityMap()
+
+
 def _as_options(path: str, value: object) -> FrozenDict[str, Any] | None:
     if value is None:
         return None
+    if _OWN_OPTIONS.get(value):
+        return value  # type: ignore[return-value]
     if not isinstance(value, Mapping):
         raise PromptTypeError(path, f"must be a mapping, got {type_name(value)}")
     frozen: FrozenDict[str, Any] = freeze_option(value, path)  # type: ignore[assignment]
+    _OWN_OPTIONS.put(frozen, True)
     return frozen
 
 

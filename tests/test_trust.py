@@ -282,25 +282,35 @@ def test_a_callers_array_changed_while_a_record_is_built_is_kept_as_it_was_check
 def test_a_records_array_set_in_place_is_sent_as_made_and_refused_as_given() -> None:
     # Options were frozen again by attrs.evolve and replace_media: a record's option array
     # whose layout or bytes were set in place was copied as it read then, into every record
-    # made from the template. Records read their arrays as made; given to a record, one set
-    # in place is refused, naming it, rather than kept as made behind its holder's back.
+    # made from the template. Records read their arrays as made, and keep their own option
+    # maps as they are; given by hand to a record, an array set in place is refused,
+    # naming it, rather than kept as made behind its holder's back.
     weights = np.arange(12, dtype=np.int64).reshape(3, 4)
     for name, change in _LAYOUT_CHANGES.items():
         template = TextPrompt(prompt="x", mm_processor_kwargs={"w": weights, "nested": [(weights,)]})
-        change(template.mm_processor_kwargs["w"])
+        own = template.mm_processor_kwargs["w"]
+        change(own)
         change(template.mm_processor_kwargs["nested"][0][0])
-        for made in (template, pickle.loads(pickle.dumps(template)), from_vllm(to_vllm(template))):
-            sent = to_vllm(made)["mm_processor_kwargs"]
+        for made in (
+            template,
+            attrs.evolve(template, prompt="y"),
+            template.replace_media({"image": [np.zeros((2, 2, 3), np.uint8)]}),
+            TextPrompt(prompt="z", additional_information=template.mm_processor_kwargs),
+            pickle.loads(pickle.dumps(template)),
+            from_vllm(to_vllm(template)),
+        ):
+            options = made.mm_processor_kwargs or made.additional_information
+            sent = to_vllm(attrs.evolve(made, mm_processor_kwargs=options))["mm_processor_kwargs"]
             for array in (sent["w"], sent["nested"][0][0]):
                 assert array.shape == weights.shape and np.array_equal(array, weights), name
         assert template == TextPrompt(prompt="x", mm_processor_kwargs={"w": weights, "nested": [(weights,)]})
-        for remake in (
-            lambda t: attrs.evolve(t, prompt="y"),
-            lambda t: t.replace_media({"image": [np.zeros((2, 2, 3), np.uint8)]}),
-            lambda t: TextPrompt(prompt="x", multi_modal_data={"audio": [t.mm_processor_kwargs["w"]]}),
-        ):
+        for given in ({"multi_modal_data": {"audio": [own]}}, {"mm_processor_kwargs": {"w": own}}):
             with pytest.raises(InvalidPromptError, match=r"set in place since it was made"):
-                remake(template)
+                TextPrompt(prompt="x", **given)
+    # A dtype set to an equal one changes nothing: still as made, taken as it is.
+    own = TextPrompt(prompt="x", mm_processor_kwargs={"w": weights}).mm_processor_kwargs["w"]
+    own.dtype = np.dtype(own.dtype.str)
+    assert TextPrompt(prompt="y", mm_processor_kwargs={"w": own}).mm_processor_kwargs["w"] is own
 
 
 class _LyingNdim(np.ndarray):  # type: ignore[type-arg]
@@ -396,7 +406,7 @@ def test_numbers_are_no_image_or_video_items(modality: str) -> None:
     # A 1-D array given as a whole image or video value split into numpy scalars, which
     # the record kept and vLLM's parser (video) or the model's processor (image) failed on.
     for given in (np.arange(3, dtype=np.uint8), [1, 2], [np.float32(0.5)]):
-        with pytest.raises(PromptTypeError, match=f"a number is not an {modality} item"):
+        with pytest.raises(PromptTypeError, match=f"a number is not an? {modality} item"):
             TextPrompt(prompt="x", multi_modal_data={modality: given})
 
 
