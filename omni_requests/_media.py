@@ -263,8 +263,8 @@ def is_immutable_array(array: np.ndarray[Any, Any]) -> bool:
     its ``bytes``, so a view taken before its owner set it read-only still writes them,
     and an array subclass can lie about its base. An array of ours whose shape, dtype or
     strides someone set in place (numpy allows it on a read-only array) no longer counts
-    either: given to a record, it is copied as it reads now. (The record it came from
-    still reads it as made: see :func:`as_made`.)
+    either: given to a record by hand, it is refused (:func:`refuse_set_in_place`), while
+    the records holding it still read it as made (:func:`as_made`).
     """
     twin = _OWN_ARRAYS.get(array)
     return twin is not None and _laid_out_as(array, twin)
