@@ -281,6 +281,8 @@ def _single_from_vllm(prompt: object) -> SinglePrompt:
         raise PromptTypeError(
             "$", f"a prompt must be a str, a list of token ids or a dict, got {type_name(prompt)}"
         )
+    if type(prompt) is not dict:
+        prompt = _as_listed(prompt)
     kind = _kind_of(prompt)  # its keys plain str already (_with_plain_keys, by the caller)
     unknown = [key for key in prompt if key not in _KEYS[kind]]
     if unknown:
@@ -291,6 +293,28 @@ def _single_from_vllm(prompt: object) -> SinglePrompt:
         raise InvalidPromptError("$.encoder_prompt", "encoder-decoder prompts cannot be nested")
     fields: dict[str, Any] = _as_vllm_reads(prompt)
     return kind(**fields)
+
+
+# Every field any record kind has: vLLM reads each by name.
+_FIELDS: Final = tuple(dict.fromkeys(name for names in _KEYS.values() for name in names))
+
+
+def _as_listed(prompt: Mapping[str, object]) -> dict[str, object]:
+    """A mapping that is no plain dict, as the dict of the keys it lists, each read by
+    ``[]``; refused where it holds a field its iteration does not list.
+
+    vLLM reads a prompt's fields by name; a record built from what the mapping lists
+    would drop such a field silently (its media, say, while ``carries_media`` saw them).
+    """
+    listed = {key: prompt[key] for key in prompt}
+    for name in _FIELDS:
+        if name not in listed and name in prompt:
+            raise InvalidPromptError(
+                f"$.{name}",
+                f"is in the prompt ({type_name(prompt)}) but not among the keys it lists, so "
+                "what vLLM reads by name and what the record would be built from differ; give a plain dict",
+            )
+    return listed
 
 
 def _as_vllm_reads(prompt: Mapping[str, object]) -> dict[str, object]:

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import copy
 import pickle
+import types
+from collections.abc import Iterator
+from typing import Any
 
 import attrs
 import numpy as np
@@ -255,3 +258,27 @@ def test_images_and_tensors_go_out_as_fresh_hand_outs_of_what_the_record_sealed(
     assert all(type(x) is torch.Tensor and torch.equal(x, embeds[0]) for x in tensors)
     assert first["multi_modal_data"]["image"] is not second["multi_modal_data"]["image"]
     assert first["multi_modal_uuids"] == second["multi_modal_uuids"]
+
+
+class _HidesItsMedia(dict[str, Any]):
+    """A dict whose iteration leaves out multi_modal_data, which [] and .get still read."""
+
+    def __iter__(self) -> Iterator[str]:
+        return (key for key in dict.__iter__(self) if key != "multi_modal_data")
+
+    def keys(self) -> Any:
+        return list(iter(self))
+
+
+def test_a_mapping_that_hides_a_field_from_its_keys_is_refused_not_read_without_it() -> None:
+    # vLLM reads a prompt's fields by name; the record was built from the keys the
+    # mapping listed, so its media were dropped silently (found by an adversarial review).
+    hiding = _HidesItsMedia(prompt="<image>", multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)})
+    assert hiding.get("multi_modal_data") is not None and "multi_modal_data" not in list(hiding)
+    with pytest.raises(
+        InvalidPromptError, match=r"\$\.multi_modal_data: is in the prompt .* give a plain dict"
+    ):
+        from_vllm(hiding)
+    # A mapping that lists what it holds reads as the dict it lists.
+    plain = {"prompt": "<image>", "multi_modal_data": {"image": np.zeros((2, 2, 3), np.uint8)}}
+    assert from_vllm(types.MappingProxyType(plain)) == from_vllm(plain)
