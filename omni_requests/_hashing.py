@@ -40,10 +40,9 @@ from ._media import (
     handout,
     image_size_error,
     immutable_token,
-    is_immutable_array,
-    is_own_array,
     is_pil_image,
     is_torch_tensor,
+    keyed_by_identity,
     media_kind,
     thaw,
 )
@@ -735,7 +734,7 @@ class MediaHasher:
         token: object
         array: np.ndarray[Any, Any] | None = None
         if type(item) is np.ndarray:  # the common item, without building its token
-            if not (is_own_array(item) if record else is_immutable_array(item)):
+            if not keyed_by_identity(item, record=record):
                 return compute(modality, item)
             array, leaves, token = item, [item], ("ndarray", id(item))
         else:

@@ -284,6 +284,13 @@ def is_own_array(array: object) -> bool:
     return _OWN_ARRAYS.get(array) is not None
 
 
+def keyed_by_identity(array: np.ndarray[Any, Any], *, record: bool) -> bool:
+    """True where ``array``'s key may be cached under its identity: a record's own array,
+    read as made whatever was set on it since when it is a record's item (``record``),
+    else only while it is still laid out as made (its holder reads it as it is now)."""
+    return is_own_array(array) if record else is_immutable_array(array)
+
+
 def as_made(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """A record's own ``array`` as it was made (its twin), else ``array`` itself.
 
@@ -739,8 +746,7 @@ def immutable_token(value: object, leaves: list[object], *, sealed: bool = False
     if kind is float:
         return (kind, struct.pack("<d", value))
     if kind is np.ndarray:
-        # A record's own array is read as made, whatever its holder set on it since.
-        if not (is_own_array(value) if sealed else is_immutable_array(value)):  # type: ignore[arg-type]
+        if not keyed_by_identity(value, record=sealed):  # type: ignore[arg-type]
             return None
         leaves.append(value)
         return ("ndarray", id(value))

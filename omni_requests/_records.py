@@ -108,7 +108,7 @@ _NDIM: Final = np.ndarray.ndim.__get__
 def _ndim(value: object) -> int | None:
     if isinstance(value, np.ndarray):
         # As numpy reads it (a subclass's ndim may lie), and a record's own array as made.
-        return _NDIM(as_made(value) if type(value) is np.ndarray else value)  # type: ignore[no-any-return]
+        return _NDIM(as_made(value))  # type: ignore[no-any-return]
     kind = media_kind(value)
     if kind is MediaKind.ARRAY or kind is MediaKind.TENSOR:
         return int(value.ndim)  # type: ignore[attr-defined]
@@ -314,6 +314,10 @@ def _check_images_parse(where: str, items: Sequence[object]) -> None:
             )
 
 
+# What a list of items holds where a 1-D array, or a list of numbers, was split into items.
+_NUMBERS: Final = (int, float, np.number, np.bool_)
+
+
 def _check_no_numbers(where: str, modality: str, items: Sequence[object]) -> None:
     # A 1-D array (or a list of numbers) given as a modality's whole value splits into
     # numbers, which vLLM's parser (video) or the model's processor (image) fails on (for
@@ -321,7 +325,7 @@ def _check_no_numbers(where: str, modality: str, items: Sequence[object]) -> Non
     if modality == "audio":
         return  # _check_audio_items says what audio takes instead
     for i, item in enumerate(items):
-        if isinstance(item, (int, float, np.number, np.bool_)):
+        if isinstance(item, _NUMBERS):
             raise PromptTypeError(
                 f"{where}[{i}]",
                 f"a number is not {'an' if modality == 'image' else 'a'} {modality} item (a 1-D array "
@@ -332,7 +336,7 @@ def _check_no_numbers(where: str, modality: str, items: Sequence[object]) -> Non
 
 def _check_audio_items(where: str, items: Sequence[object]) -> None:
     for i, item in enumerate(items):
-        if isinstance(item, (int, float, np.number, np.bool_)):
+        if isinstance(item, _NUMBERS):
             raise PromptTypeError(
                 f"{where}[{i}]",
                 "a number is not an audio item (the engine's list of items would read as one "
