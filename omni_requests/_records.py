@@ -109,8 +109,7 @@ def _ndim(value: object) -> int | None:
     if isinstance(value, np.ndarray):
         # As numpy reads it (a subclass's ndim may lie), and a record's own array as made.
         return _NDIM(as_made(value))  # type: ignore[no-any-return]
-    kind = media_kind(value)
-    if kind is MediaKind.ARRAY or kind is MediaKind.TENSOR:
+    if media_kind(value) is MediaKind.TENSOR:
         return int(value.ndim)  # type: ignore[attr-defined]
     return None
 
