@@ -722,6 +722,13 @@ def plain_map(value: PMap[_K, _V]) -> Mapping[_K, _V]:
     return dict(value.items())  # not a record's map: read it, without keeping a copy
 
 
+def is_frozen_item(item: object) -> bool:
+    """Whether a record's ``item`` always reads the same: built of immutable values, the
+    record's own arrays (read as made) and its sealed images and tensors. Its key and
+    fingerprint under a hasher are then fixed for as long as the record holds it."""
+    return immutable_token(item, [], sealed=True) is not None
+
+
 def immutable_token(value: object, leaves: list[object], *, sealed: bool = False) -> object | None:
     """A hashable stand-in for a frozen item whose bytes can never change, or None.
 

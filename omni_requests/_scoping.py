@@ -1,8 +1,10 @@
 """Scoping a prompt to a replica, and deriving its media keys.
 
 Scoping only records where the prompt goes; a content key is derived from the media the
-record holds *now*, whenever it is asked for. No content key is ever stored, so a record
-whose media is replaced (``attrs.evolve`` or otherwise) cannot carry the old media's key.
+record holds. No key is stored with a record's fields, so a record whose media is replaced
+(``attrs.evolve`` or otherwise) cannot carry the old media's key; a scope's keys are
+remembered only beside the media they were derived from, and only where those can never
+read otherwise (see ``rendered_uuids``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pyrsistent import PMap, PVector, pmap, pvector
 from ._errors import InvalidPromptError, OmniRequestsError, PromptTypeError, type_name
 from ._hashing import MediaHasher
 from ._keys import _DEFAULT_POLICY, MAX_INDEX, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index, key_text
-from ._media import plain_map
+from ._media import is_frozen_item, plain_map
 from ._records import (
     _EMPTY,
     SINGLE_KINDS,
@@ -254,12 +256,14 @@ def _derive(
     ``bind``), one without gets ``content(hasher's content key)``, a cached-only item
     without a UUID None; UUIDs of a modality with no data (cached-only items, as vLLM
     allows) are user keys too. Returns the keys per modality, in the record's order, and
-    whether they came from UUIDs alone (then they depend on no item's bytes).
+    whether they are fixed: every item read for them (hashed, or fingerprinted for a
+    binding) is frozen, a record's own array or sealed image or tensor, so the same scope
+    renders the same keys for as long as the record holds these items.
     """
     if bind:
         check_bindable(prompt._view)
     keys: dict[str, list[_K | None]] = {}
-    by_uuid_alone = not bind
+    fixed = True
     # Inside one_request: its keys for this hasher (an equal one computes the same keys).
     reuse = _REQUEST.get()
     if reuse is not None and reuse.hasher is not hasher and reuse.hasher != hasher:
@@ -272,7 +276,10 @@ def _derive(
         for i, item in enumerate(items):
             uuid = None if given is None else given[i]
             if uuid is not None:
-                fingerprint = _keyed(hasher._record_fingerprint, modality, i, item) if bind else None  # type: ignore[union-attr]
+                fingerprint = None
+                if bind:
+                    fingerprint = _keyed(hasher._record_fingerprint, modality, i, item)  # type: ignore[union-attr]
+                    fixed = fixed and is_frozen_item(item)
                 row.append(user(uuid, fingerprint))
             elif item is None:
                 row.append(None)
@@ -281,13 +288,13 @@ def _derive(
                     "hasher", "an unscoped prompt needs a MediaHasher to derive content keys"
                 )
             else:
-                # Derived from the item each time (once per request in one_request): only
-                # then is a changed item seen.
-                by_uuid_alone = False
+                # An item that can change (a tensor or image kept unsealed) is hashed at
+                # every render (once per request in one_request): only then is a change seen.
+                fixed = fixed and is_frozen_item(item)
                 key_of = hasher._content_key if reuse is None else reuse.content_key
                 row.append(content(_keyed(key_of, modality, i, item)))
         keys[modality] = row
-    return keys, by_uuid_alone
+    return keys, fixed
 
 
 def media_keys(
@@ -320,23 +327,25 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
     """The ``multi_modal_uuids`` the engine gets for ``prompt``, or None for none at all.
 
     Unscoped: the caller's UUIDs as given (vLLM hashes the rest itself). Scoped: every
-    item's key rendered with its scope.
+    item's key rendered with its scope. Keys that read no item its holder can change
+    (user UUIDs, a record's own arrays, its sealed images and tensors) are rendered once
+    per template and scope and remembered with the media; others at every call.
     """
     scope = prompt.scope
     if scope is None:
         callers = plain_map(prompt.multi_modal_uuids)
         return {m: list(u) for m, u in callers.items()} if callers else None
-    # Keys rendered from UUIDs alone depend on the fields a template shares with its
-    # scoped copies, and on the scope: they are rendered once per template and scope.
-    if prompt.multi_modal_uuids is not _EMPTY:  # else all are content keys: never memoized
-        known = prompt._memo.get(id(scope))
-        if known is not None and known[0] is scope:
-            return {m: list(keys) for m, keys in known[1]}
     if not prompt._view:
         return None
+    # Fixed keys depend only on the media a template shares with its scoped copies, and on
+    # the scope: they are rendered once per template and scope. A copy with other media
+    # starts a fresh memo (field_copier), so no key outlives the items it was derived from.
+    known = prompt._memo.get(id(scope))
+    if known is not None and known[0] is scope:
+        return {m: list(keys) for m, keys in known[1]}
     text = key_text(scope)
-    rendered, by_uuid_alone = _derive(prompt, scope.hasher, text.binds, text.user_key, text.content_key)
-    if by_uuid_alone:
+    rendered, fixed = _derive(prompt, scope.hasher, text.binds, text.user_key, text.content_key)
+    if fixed:
         memo = prompt._memo
         if len(memo) >= _MAX_MEMO:
             memo.clear()

@@ -26,7 +26,7 @@ from omni_requests import (
 )
 from omni_requests._records import _EMPTY, replace_fields
 
-from .conftest import video
+from .conftest import record_calls, video
 
 
 def _key(prompt: TextPrompt, modality: str = "video", index: int = 0) -> str | None:
@@ -204,6 +204,82 @@ def test_each_scope_renders_its_own_keys_from_one_template(hasher: MediaHasher) 
         assert _key(scope_to_replica(template, 1, hasher=hasher, stage_id=2), "image") == "stage2:rep1:c"
         scoped = scope_to_replica(template, 0, hasher=hasher, policy=tenant)
         assert _key(scoped, "image") == "stage0:rep0:" + tenant.user_part + "c"
+
+
+def test_fixed_content_keys_are_derived_once_per_template_and_scope(
+    hasher: MediaHasher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A record's own array, its sealed image and tensor (and a built-in value) always read
+    # the same: their keys are remembered per scope, as user keys are, not hashed again.
+    from PIL import Image
+
+    torch = pytest.importorskip("torch")
+    image = Image.fromarray(np.arange(4 * 6 * 3, dtype=np.uint8).reshape(4, 6, 3))
+    template = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": [image, np.ones((2, 2, 3), np.uint8)], "video": torch.zeros(2, 4, 4, 3)},
+    )
+    derived = record_calls(monkeypatch, MediaHasher, "_content_key", 2)
+    for _ in range(3):
+        for replica in (0, 1):
+            rendered = rendered_uuids(scope_to_replica(template, replica, hasher=hasher))
+            assert rendered == {
+                modality: [f"stage0:rep{replica}:{key.base}" for key in keys]
+                for modality, keys in media_keys(template, hasher).items()
+            }
+    # media_keys derives each time (three items per call); the renders once per scope.
+    assert len(derived) == 3 * 6 + 3 * 2
+
+
+def test_items_that_can_change_are_keyed_again_at_every_render(hasher: MediaHasher) -> None:
+    # A palette image is kept as given (not sealed), so its holder's writes reach the
+    # record: its key, and a binding's fingerprint of it, follow them at every render.
+    from PIL import Image
+
+    image = Image.new("P", (4, 4), 1)
+    image.putpalette([0, 0, 0, 255, 255, 255] * 128)
+    keyed = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"image": image}), 0, hasher=hasher)
+    bound = scope_to_replica(
+        TextPrompt(prompt="x", multi_modal_data={"image": image}, multi_modal_uuids={"image": "cat"}),
+        0,
+        hasher=hasher,
+        policy=KeyPolicy(bind_content=True),
+    )
+    assert keyed.multi_modal_data["image"][0] is image
+    before = (_key(keyed, "image"), _key(bound, "image"))
+    image.putpixel((0, 0), 0)
+    after = (_key(keyed, "image"), _key(bound, "image"))
+    assert after[0] == f"stage0:rep0:{hasher.content_key('image', image)}" != before[0]
+    assert (
+        after[1] != before[1]
+        and after[1]
+        == rendered_uuids(
+            scope_to_replica(
+                TextPrompt(
+                    prompt="x", multi_modal_data={"image": image.copy()}, multi_modal_uuids={"image": "cat"}
+                ),
+                0,
+                hasher=hasher,
+                policy=KeyPolicy(bind_content=True),
+            )
+        )["image"][0]
+    )  # type: ignore[index]
+
+
+def test_a_record_of_the_same_media_changed_is_never_given_a_remembered_key(hasher: MediaHasher) -> None:
+    template = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    scoped = scope_to_replica(template, 1, hasher=hasher)
+    assert _key(scoped) == f"stage0:rep1:{hasher.key('video', video(1))}"  # remembered now
+    for changed in (  # each keeps the scope: rendered as it is, not scoped again
+        scoped.replace_media({"video": video(2)}),
+        attrs.evolve(scoped, multi_modal_data={"video": video(2)}),
+        replace_fields(
+            scoped,
+            multi_modal_data=TextPrompt(prompt="y", multi_modal_data={"video": video(2)}).multi_modal_data,
+        ),
+    ):
+        assert changed.scope is scoped.scope
+        assert _key(changed) == f"stage0:rep1:{hasher.key('video', video(2))}"
 
 
 def test_content_keys_are_derived_on_every_render_even_beside_user_uuids(hasher: MediaHasher) -> None:

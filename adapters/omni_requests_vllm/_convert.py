@@ -125,8 +125,12 @@ def _single_to_vllm(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
     main, data, options = layout
     out: VllmPrompt = {plan[0]: main}
     if data:
-        # A record's arrays, sealed images and tensors go out as fresh hand-outs (see thaw).
-        out["multi_modal_data"] = {m: _handed_out(items, out_as) for m, items, out_as in data}
+        # A record's arrays, sealed images and tensors go out as fresh hand-outs (see thaw);
+        # arrays alone, the common case, as fresh views of their twins, without a call.
+        out["multi_modal_data"] = {
+            m: list(map(_VIEW, out_as)) if type(out_as) is tuple else _handed_out(items, out_as)
+            for m, items, out_as in data
+        }
     uuids = rendered_uuids(prompt)
     if uuids is not None:
         out["multi_modal_uuids"] = uuids
@@ -162,9 +166,7 @@ def _layout(prompt: SinglePrompt, plan: _Plan) -> _Layout | tuple[str]:
     return main, data, given
 
 
-def _handed_out(items: tuple[Any, ...], out_as: Any) -> list[Any]:
-    if type(out_as) is tuple:  # arrays alone, the common case: fresh views of their twins
-        return list(map(_VIEW, out_as))
+def _handed_out(items: tuple[Any, ...], out_as: str) -> list[Any]:
     return list(items) if out_as is _AS_GIVEN else [thaw(item) for item in items]
 
 
