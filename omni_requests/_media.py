@@ -722,6 +722,10 @@ def plain_map(value: PMap[_K, _V]) -> Mapping[_K, _V]:
     return dict(value.items())  # not a record's map: read it, without keeping a copy
 
 
+# numpy's own scalar types, by identity.
+_NUMPY_SCALARS: Final = frozenset(np.sctypeDict.values())
+
+
 def is_frozen_item(item: object) -> bool:
     """Whether a record's ``item`` always reads the same: built of immutable values, the
     record's own arrays (read as made) and its sealed images and tensors. Its key and
@@ -758,8 +762,9 @@ def immutable_token(value: object, leaves: list[object], *, sealed: bool = False
         leaves.append(value)
         return ("ndarray", id(value))
     if isinstance(value, np.generic):
-        # numpy's own scalar types only: a subclass could pickle as another value.
-        return ("generic", pickle.dumps(value)) if kind.__module__ == "numpy" else None
+        # numpy's own scalar types only: a subclass could pickle as another value (and
+        # name itself "numpy" as its module).
+        return ("generic", pickle.dumps(value)) if kind in _NUMPY_SCALARS else None
     if kind is tuple or kind is _PVECTOR:
         parts = []
         for item in value:  # type: ignore[attr-defined]

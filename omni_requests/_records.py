@@ -324,21 +324,31 @@ def _check_no_numbers(where: str, modality: str, items: Sequence[object]) -> Non
     if modality == "audio":
         return  # _check_audio_items says what audio takes instead
     for i, item in enumerate(items):
-        if isinstance(item, _NUMBERS):
+        number = _number(item)
+        if number:
             raise PromptTypeError(
                 f"{where}[{i}]",
-                f"a number is not {'an' if modality == 'image' else 'a'} {modality} item (a 1-D array "
+                f"{number} is not {'an' if modality == 'image' else 'a'} {modality} item (a 1-D array "
                 f"or a list of numbers splits into numbers); give each {modality} as an array, a tensor"
                 + (" or a PIL image" if modality == "image" else " or a list of frames"),
             )
 
 
+def _number(item: object) -> str:
+    """What names ``item`` as a number ("" for none): a 0-d array or tensor is one too, and
+    vLLM's parser and processors fail on it as on a number."""
+    if isinstance(item, _NUMBERS):
+        return "a number"
+    return f"a 0-d {type_name(item)} (one number)" if _ndim(item) == 0 else ""
+
+
 def _check_audio_items(where: str, items: Sequence[object]) -> None:
     for i, item in enumerate(items):
-        if isinstance(item, _NUMBERS):
+        number = _number(item)
+        if number:
             raise PromptTypeError(
                 f"{where}[{i}]",
-                "a number is not an audio item (the engine's list of items would read as one "
+                f"{number} is not an audio item (the engine's list of items would read as one "
                 "waveform); give an array, a list of samples or (array, rate)",
             )
         if isinstance(item, tuple):  # vLLM unpacks (waveform, rate): other lengths fail there
@@ -351,6 +361,11 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
                     f"{where}[{i}]",
                     f"a {type_name(item[0])} is not a waveform (vLLM's processor refuses it); "
                     "load the audio first",
+                )
+            number = _number(item[0])
+            if number:
+                raise PromptTypeError(
+                    f"{where}[{i}][0]", f"{number} is not a waveform; give an array of samples"
                 )
 
 

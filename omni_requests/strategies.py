@@ -570,7 +570,7 @@ def _media_items(modality: str, embeddings: bool) -> st.SearchStrategy[Any]:
         if _pil_available():  # not "La": vLLM's parser cannot turn it into RGB
             options.append(images(modes=[m for m in IMAGE_MODES if m != "La"], max_side=4))
         options.append(_pixel_arrays())
-        options.append(arrays(max_dims=3, max_side=3))
+        options.append(arrays(min_dims=1, max_dims=3, max_side=3))  # 0-d: a number, refused
     elif modality == "video":
         options.append(videos(frame_images=_pil_available()))
     else:

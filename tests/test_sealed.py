@@ -508,10 +508,11 @@ def test_a_sealed_tensor_holds_its_values_in_any_dtype_and_layout(
     store: str, make: Callable[[], Any]
 ) -> None:
     tensor = make()
-    record = TextPrompt(prompt="<video>", multi_modal_data={"video": [tensor]})
-    key, sent = _sent(record, "video")
+    modality = "video" if tensor.ndim else "sensor"  # a 0-d tensor is a number: no video
+    record = TextPrompt(prompt="<video>", multi_modal_data={modality: [tensor]})
+    key, sent = _sent(record, modality)
     assert sent.dtype == tensor.dtype and sent.shape == tensor.shape and torch.equal(sent, tensor)
-    assert key == "stage0:rep0:" + HASHER.content_key("video", tensor) == _fresh_key("video", sent)
+    assert key == "stage0:rep0:" + HASHER.content_key(modality, tensor) == _fresh_key(modality, sent)
 
 
 @contextlib.contextmanager

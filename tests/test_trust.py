@@ -410,6 +410,32 @@ def test_numbers_are_no_image_or_video_items(modality: str) -> None:
             TextPrompt(prompt="x", multi_modal_data={modality: given})
 
 
+@pytest.mark.parametrize("modality", ["image", "video", "audio"])
+def test_a_0d_array_or_tensor_is_a_number_not_a_media_item(modality: str) -> None:
+    # One number in an array: vLLM's parser (video) or the model's processor (image,
+    # audio) fails on it as on a number; the record used to keep it and key it.
+    import torch
+
+    for given in (
+        [np.array(7, np.uint8)],
+        [torch.tensor(0.5)],
+        [np.zeros((2, 2, 3), np.uint8), np.array(1.0)],
+    ):
+        with pytest.raises(
+            PromptTypeError, match=r"\[\d\]: a 0-d (numpy.ndarray|torch.Tensor) \(one number\) is not"
+        ):
+            TextPrompt(prompt="x", multi_modal_data={modality: given})
+    with pytest.raises(
+        PromptTypeError, match=r"audio\[0\]\[0\]: a 0-d numpy.ndarray \(one number\) is not a waveform"
+    ):
+        TextPrompt(prompt="x", multi_modal_data={"audio": [(np.array(0.5, np.float32), 16000)]})
+    # Elsewhere an item may be any array: a 0-d one stays a sensor reading.
+    assert (
+        TextPrompt(prompt="x", multi_modal_data={"sensor": [np.array(7.0)]}).multi_modal_data["sensor"][0]
+        == 7.0
+    )
+
+
 @pytest.mark.parametrize("size", [(8, 8, 3), (128, 256, 3)], ids=["small", "protected"])
 def test_a_hand_out_outlives_its_record_with_its_bytes_and_their_protection(size: tuple[int, ...]) -> None:
     # The engine may hold its view after the record is gone; its base's __setstate__ then
@@ -1303,6 +1329,29 @@ def test_a_numpy_scalar_subclass_is_never_taken_for_another_by_the_cache() -> No
         record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"video": item}), 0, hasher=HASHER)
         key, sent = _sent(record)
         assert key == _truth("video", (sent[0].copy(), sent[1]))
+
+
+class _ScalarNamedNumpy(np.int64):
+    """A numpy scalar subclass that names numpy as its module and pickles as its state."""
+
+    state = 0
+
+    def __reduce__(self) -> Any:
+        return (int, (self.state,))
+
+
+_ScalarNamedNumpy.__module__ = "numpy"
+
+
+def test_a_numpy_scalar_subclass_naming_numpy_as_its_module_is_keyed_as_it_is_now() -> None:
+    # The record keeps the caller's scalar, and the hasher hashes a scalar by its pickle:
+    # counted as numpy's own by its module's name, its key was remembered per scope.
+    number = _ScalarNamedNumpy(3)
+    record = scope_to_replica(TextPrompt(prompt="x", multi_modal_data={"sensor": [number]}), 0, hasher=HASHER)
+    assert _sent(record, "sensor")[0] == _truth("sensor", number)
+    number.state = 42
+    key, sent = _sent(record, "sensor")
+    assert sent is number and key == _truth("sensor", number) != _truth("sensor", _ScalarNamedNumpy(3))
 
 
 def test_a_structured_scalar_viewing_the_callers_array_is_copied() -> None:

@@ -96,7 +96,8 @@ def test_an_engine_that_changes_what_vllms_parser_reads_of_an_image_is_caught(
 
     images = S.text_prompts(modalities=["image"], media=True, user_uuids=False, none_items=False)
     with pytest.raises(
-        ScopingPropertyError, match=rf"changed the template's prompt: \S+: the image's {part} changed"
+        ScopingPropertyError,
+        match=rf"changed the (template|copy \d)'s prompt: \S+: the image's {part} changed",
     ):
         check_scoping(
             changes_images, to_dict=to_vllm, prompts=images, properties=["caller_unchanged"], settings=FIND

@@ -104,6 +104,10 @@ def _vllm_cannot_parse(image: Image.Image) -> bool:
     return False
 
 
+def _is_number(item: object) -> bool:
+    return isinstance(item, (int, float, np.number, np.bool_)) or getattr(item, "ndim", None) == 0
+
+
 def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
     try:
         expected = _vllm_key(hasher, modality, item)
@@ -120,20 +124,21 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
         with pytest.raises(PromptTypeError, match="video"):
             _in_a_record(modality, item)
         return
-    if modality in ("image", "video", "audio") and isinstance(item, (int, float, np.number, np.bool_)):
-        # Records refuse a number as an audio item: the engine's dict carries items in a
-        # list, which vLLM reads as one waveform of samples; and as an image or video item,
-        # which vLLM's parser (video) or the model's processor (image) fails on (test_trust.py).
+    if modality in ("image", "video", "audio") and _is_number(item):
+        # Records refuse a number (a 0-d array or tensor too) as an audio item: the
+        # engine's dict carries items in a list, which vLLM reads as one waveform of
+        # samples; and as an image or video item, which vLLM's parser (video) or the
+        # model's processor (image) fails on (test_trust.py).
         with pytest.raises(PromptTypeError, match=modality):
             _in_a_record(modality, item)
         return
     if (
         modality == "audio"
         and isinstance(item, tuple)
-        and (len(item) != 2 or isinstance(item[0], (str, bytes, memoryview)))
+        and (len(item) != 2 or isinstance(item[0], (str, bytes, memoryview)) or _is_number(item[0]))
     ):
         # Records refuse an audio tuple vLLM cannot unpack as (waveform, rate), or whose
-        # waveform is text or bytes (test_records.py); its hasher still keys it.
+        # waveform is text, bytes or a number (test_records.py); its hasher still keys it.
         with pytest.raises(PromptTypeError, match=r"audio item|not a waveform"):
             _in_a_record(modality, item)
         return
