@@ -16,7 +16,7 @@ from ._embedding_fields import EmbeddingFields, is_embedding_modality, merge_emb
 from ._errors import type_name
 from ._keys import check_index
 from ._media import as_made, is_own_array, is_pil_image, is_torch_tensor, thaw
-from ._records import SINGLE_KINDS, MediaRow, SinglePrompt, refuse_engine_scoped
+from ._records import SINGLE_KINDS, MediaRow, SinglePrompt, check_one_scope, refuse_engine_scoped
 from ._scoping import one_request
 from ._sealed import seal_of, unsealed
 
@@ -25,6 +25,7 @@ __all__ = [
     "SINGLE_KINDS",
     "as_made",
     "check_index",
+    "check_one_scope",
     "derived",
     "is_embedding_modality",
     "is_own_array",

@@ -119,7 +119,10 @@ def _leaf(update: _Update, value: object) -> None:
     elif isinstance(value, str):
         _framed(update, value.encode("utf-8"))
     elif isinstance(value, (int, float)):
-        _framed(update, np.array(value).tobytes())
+        number = np.array(value)
+        if number.dtype == object:  # vLLM's bytes would be a memory address: no key at all
+            raise ValueError(f"{value} does not fit in 64 bits, so it has no stable key")
+        _framed(update, number.tobytes())
     elif type(value) is np.ndarray:
         _ndarray(update, value)
     elif isinstance(value, np.ndarray):

@@ -454,8 +454,13 @@ def _convert_media_io(value: Mapping[str, Options] | None) -> FrozenDict[str, An
     return frozen
 
 
+# A token id is an index into the vocabulary: vLLM refuses a negative one (and one past
+# its vocabulary), and holds them as int64.
+_MAX_TOKEN_ID: Final = (1 << 63) - 1
+
+
 def _as_token_ids(path: str, value: object) -> PVector[int]:
-    if isinstance(value, PVector) and all(type(v) is int for v in value):
+    if isinstance(value, PVector) and all(type(v) is int and 0 <= v <= _MAX_TOKEN_ID for v in value):
         return value
     if (
         isinstance(value, (str, bytes))
@@ -470,9 +475,14 @@ def _as_token_ids(path: str, value: object) -> PVector[int]:
         if isinstance(token, bool):
             raise PromptTypeError(f"{path}[{i}]", "must be an int, got bool")
         try:
-            ids.append(operator.index(token))
+            token_id = operator.index(token)
         except TypeError:
             raise PromptTypeError(f"{path}[{i}]", f"must be an int, got {type_name(token)}") from None
+        if not 0 <= token_id <= _MAX_TOKEN_ID:
+            raise InvalidPromptError(
+                f"{path}[{i}]", f"must be a token id between 0 and 2**63 - 1 (vLLM's int64), got {token_id}"
+            )
+        ids.append(token_id)
     return pvector(ids)
 
 
@@ -542,7 +552,14 @@ def _prompt_is_token_ids(value: Sequence[bool] | None) -> PVector[bool] | None:
 
 
 def _prompt_embeds(value: torch.Tensor) -> Any:
-    return _as_embeds("$.prompt_embeds", value)
+    embeds = _as_embeds("$.prompt_embeds", value)
+    shape = tuple(embeds.shape)
+    if len(shape) != 2 and not (len(shape) == 3 and shape[0] == 1):  # as vLLM's renderer reads it
+        raise InvalidPromptError(
+            "$.prompt_embeds",
+            f"must be of shape (seq_len, hidden_size) or (1, seq_len, hidden_size), got {shape}",
+        )
+    return embeds
 
 
 def _optional_prompt_embeds(value: torch.Tensor | None) -> Any:
@@ -963,7 +980,12 @@ def _single(path: str, *, optional: bool) -> Callable[[object, attrs.Attribute[A
 
 @attrs.frozen(kw_only=True, getstate_setstate=False)
 class EncoderDecoderPrompt:
-    """vLLM's ``ExplicitEncoderDecoderPrompt``: two single prompts, scoped together."""
+    """vLLM's ``ExplicitEncoderDecoderPrompt``: two single prompts, scoped together.
+
+    ``scope_to_replica`` of a pair scopes both parts, under the one policy either carries.
+    A pair may be built from parts scoped apart, but ``to_vllm`` refuses one whose parts
+    carry media keys in different scopes: the request goes to one replica.
+    """
 
     encoder_prompt: SinglePrompt = attrs.field(validator=_single("$.encoder_prompt", optional=False))
     decoder_prompt: SinglePrompt | None = attrs.field(
@@ -981,6 +1003,29 @@ class EncoderDecoderPrompt:
 
     def __attrs_pre_init__(self) -> None:
         refuse_second_init(self, "encoder_prompt")
+
+
+def check_one_scope(pair: EncoderDecoderPrompt) -> None:
+    """Refuses to render a pair whose parts carry media keys in different scopes.
+
+    A pair goes to one replica, so its keys are rendered in one scope: ``scope_to_replica``
+    of the pair scopes both parts (a part without media keeps its own). A pair built from
+    parts scoped apart may still carry a policy for both, and is scoped together later;
+    rendered as it is, it would send keys scoped to two replicas or policies.
+    """
+    encoder, decoder = pair.encoder_prompt, pair.decoder_prompt
+    if decoder is None or not encoder._view or not decoder._view or encoder.scope == decoder.scope:
+        return
+
+    def where(scope: Any) -> str:
+        return "unscoped" if scope is None else f"scoped to {scope.prefix} under {scope.policy!r}"
+
+    raise InvalidPromptError(
+        "$.decoder_prompt",
+        f"is {where(decoder.scope)} while the encoder prompt is {where(encoder.scope)}: a pair goes "
+        "to one replica, so its media keys are rendered in one scope (scope the pair with "
+        "scope_to_replica before rendering it)",
+    )
 
 
 Prompt: TypeAlias = TextPrompt | TokensPrompt | EmbedsPrompt | EncoderDecoderPrompt

@@ -306,8 +306,9 @@ def media_keys(
     one for items without a user UUID. ``None`` stands for an item that is ``None``
     (cached only) without a UUID.
     """
-    if not isinstance(prompt, SINGLE_KINDS):
-        raise PromptTypeError("prompt", f"must be a single prompt record, got {type_name(prompt)}")
+    _check_single(prompt)
+    if hasher is not None and not isinstance(hasher, MediaHasher):
+        raise PromptTypeError("hasher", f"must be a MediaHasher or None, got {type_name(hasher)}")
     scope = prompt.scope
     if hasher is None and scope is not None:
         hasher = scope.hasher
@@ -323,6 +324,16 @@ def media_keys(
     return pmap({m: pvector(row) for m, row in keys.items()})
 
 
+_SINGLE_KINDS: Final = frozenset(SINGLE_KINDS)
+
+
+def _check_single(prompt: object) -> None:
+    if not isinstance(prompt, SINGLE_KINDS):
+        pair = isinstance(prompt, EncoderDecoderPrompt)
+        advice = " (render each part of a pair: to_vllm does)" if pair else ""
+        raise PromptTypeError("prompt", f"must be a single prompt record, got {type_name(prompt)}{advice}")
+
+
 def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
     """The ``multi_modal_uuids`` the engine gets for ``prompt``, or None for none at all.
 
@@ -331,6 +342,8 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
     (user UUIDs, a record's own arrays, its sealed images and tensors) are rendered once
     per template and scope and remembered with the media; others at every call.
     """
+    if type(prompt) not in _SINGLE_KINDS:  # on every request's path: one set lookup
+        _check_single(prompt)
     scope = prompt.scope
     if scope is None:
         callers = plain_map(prompt.multi_modal_uuids)

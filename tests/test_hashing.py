@@ -147,6 +147,16 @@ def test_bad_hasher_arguments(args: tuple[object, ...], error: type[Exception], 
     assert caught.value.path == path  # type: ignore[attr-defined]
 
 
+def test_an_int_beyond_64_bits_has_no_key(hasher: MediaHasher) -> None:
+    # numpy holds it as an object, whose bytes are a memory address (vLLM's hasher hashes
+    # them): every such int shared one key, which moved with the process. Records refuse it.
+    assert hasher.key("video", [2**64 - 1]) != hasher.key("video", [2**64 - 2])  # uint64: still a number
+    for number in (2**64, -(2**63) - 1, 10**30):
+        for key in (hasher.key, hasher.content_key, hasher.fingerprint):
+            with pytest.raises(ValueError, match=f"^{number} does not fit in 64 bits"):
+                key("audio", [number])
+
+
 def test_model_id_is_not_a_modality(hasher: MediaHasher) -> None:
     with pytest.raises(InvalidPromptError, match="not a modality"):
         hasher.key("model_id", video(1))

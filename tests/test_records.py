@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
+import re
 from typing import Any
 
 import attrs
@@ -547,6 +548,38 @@ def test_main_field_types_are_checked(kind: type, kwargs: dict[str, object], pat
     with pytest.raises(PromptTypeError) as caught:
         kind(**kwargs)
     assert caught.value.path == path
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "path", "found"),
+    [
+        ({"prompt_token_ids": [5, -1]}, "$.prompt_token_ids[1]", "got -1"),
+        ({"prompt_token_ids": np.array([3, -2])}, "$.prompt_token_ids[1]", "got -2"),
+        ({"prompt_token_ids": pvector([1 << 70])}, "$.prompt_token_ids[0]", f"got {1 << 70}"),
+        ({"prompt_token_ids": [1], "token_type_ids": [0, -1]}, "$.token_type_ids[1]", "got -1"),
+    ],
+)
+def test_token_ids_vllm_would_refuse_are_refused(kwargs: dict[str, object], path: str, found: str) -> None:
+    # vLLM's renderer refuses a negative id ("out of vocabulary") and holds ids as int64.
+    with pytest.raises(
+        InvalidPromptError, match=rf"must be a token id between 0 and 2\*\*63 - 1.*{found}"
+    ) as caught:
+        TokensPrompt(**kwargs)  # type: ignore[arg-type]
+    assert caught.value.path == path
+    assert TokensPrompt(prompt_token_ids=[0, (1 << 63) - 1]).prompt_token_ids == pvector([0, (1 << 63) - 1])
+
+
+def test_prompt_embeds_are_the_shape_vllm_reads() -> None:
+    # (seq_len, hidden_size), or a batch of one that vLLM's renderer squeezes.
+    import torch
+
+    for shape in ((), (4,), (2, 2, 3), (1, 1, 2, 3)):
+        with pytest.raises(
+            InvalidPromptError, match=rf"^\$\.prompt_embeds: must be of shape .*got {re.escape(str(shape))}$"
+        ):
+            EmbedsPrompt(prompt_embeds=torch.zeros(shape))
+    for shape in ((2, 3), (1, 2, 3)):
+        assert tuple(EmbedsPrompt(prompt_embeds=torch.zeros(shape)).prompt_embeds.shape) == shape
 
 
 def test_unknown_field_is_refused() -> None:

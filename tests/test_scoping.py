@@ -156,6 +156,36 @@ def test_encoder_decoder_prompts_scope_their_parts(hasher: MediaHasher) -> None:
     assert scope_to_replica(text_only, 2, hasher=hasher) is text_only
 
 
+def test_a_pair_whose_parts_carry_keys_in_different_scopes_is_not_rendered(hasher: MediaHasher) -> None:
+    # One request goes to one replica: to_vllm sent keys scoped to two. Such a pair may
+    # be built (a part may carry the pair's policy) and is scoped together before it is sent.
+    from omni_requests_vllm import to_vllm
+
+    part = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    on = [scope_to_replica(part, r, hasher=hasher) for r in (0, 1)]
+    tenant = scope_to_replica(part, 0, hasher=hasher, policy=KeyPolicy(tenant="acme"))
+    for encoder, decoder, found in (
+        (on[0], on[1], "scoped to stage0:rep1: under .* while the encoder prompt is scoped to stage0:rep0:"),
+        (
+            on[0],
+            tenant,
+            "scoped to stage0:rep0: under .*tenant='acme'.* while the encoder prompt is scoped to",
+        ),
+        (part, on[0], "scoped to stage0:rep0: .* while the encoder prompt is unscoped"),
+    ):
+        pair = EncoderDecoderPrompt(encoder_prompt=encoder, decoder_prompt=decoder)
+        with pytest.raises(InvalidPromptError, match=rf"^\$\.decoder_prompt: is {found}"):
+            to_vllm(pair)
+        scoped = to_vllm(scope_to_replica(pair, 1, hasher=hasher))
+        keys = [
+            scoped[part]["multi_modal_uuids"]["video"][0] for part in ("encoder_prompt", "decoder_prompt")
+        ]
+        assert all(key.startswith("stage0:rep1:") for key in keys)
+    # A part without media keys has no scope to agree on.
+    alone = EncoderDecoderPrompt(encoder_prompt=on[0], decoder_prompt=TextPrompt(prompt="y"))
+    assert to_vllm(alone)["decoder_prompt"] == {"prompt": "y"}
+
+
 @pytest.mark.parametrize(
     ("replica_id", "stage_id", "error", "path"),
     [
@@ -172,6 +202,22 @@ def test_bad_scope_arguments(
     with pytest.raises(error) as caught:
         scope_to_replica(p, replica_id, hasher=hasher, stage_id=stage_id)  # type: ignore[arg-type]
     assert caught.value.path == path  # type: ignore[attr-defined]
+
+
+def test_keys_are_read_of_single_records_with_a_media_hasher(hasher: MediaHasher) -> None:
+    # AttributeErrors escaped before, naming nothing.
+    p = TextPrompt(prompt="x", multi_modal_data={"video": video(1)})
+    for bad, found in (
+        (EncoderDecoderPrompt(encoder_prompt=p), "EncoderDecoderPrompt.*each part"),
+        ({}, "dict"),
+    ):
+        for read in (rendered_uuids, media_keys):
+            with pytest.raises(
+                PromptTypeError, match=rf"^prompt: must be a single prompt record, got .*{found}"
+            ):
+                read(bad)  # type: ignore[arg-type]
+    with pytest.raises(PromptTypeError, match=r"^hasher: must be a MediaHasher or None, got str"):
+        media_keys(p, "my-model")  # type: ignore[arg-type]
 
 
 def test_hasher_must_be_a_media_hasher() -> None:

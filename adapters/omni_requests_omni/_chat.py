@@ -169,6 +169,8 @@ def _part_type(part: Mapping[str, Any], path: str) -> tuple[str, str]:
 _UNSET: Any = object()
 # What the chat itself renders from the messages: a keyword may not replace it.
 _RENDERED_FIELDS: Final = ("prompt", "prompt_token_ids", "multi_modal_data", "multi_modal_uuids")
+# What the stand-in passes on to its TextPrompt: the fields the chat does not render.
+_RECORD_FIELDS: Final = frozenset(attrs.fields_dict(TextPrompt)) - set(_RENDERED_FIELDS)
 
 
 @overload
@@ -277,6 +279,7 @@ def chat_to_prompt(
         return chat_with_vllm(messages, renderer, **fields)
     if placeholders is not _UNSET:
         _check_placeholders(placeholders)
+    _check_stand_in(loader, template, fields)
     return _stand_in(
         messages,
         loader=loader,
@@ -284,6 +287,20 @@ def chat_to_prompt(
         placeholders=DEFAULT_PLACEHOLDERS if placeholders is _UNSET else placeholders,
         fields=fields,
     )
+
+
+def _check_stand_in(loader: object, template: object, fields: Mapping[str, Any]) -> None:
+    """The stand-in's arguments, checked before any media is loaded."""
+    for name, value in (("loader", loader), ("template", template)):
+        if value is not None and value is not _UNSET and not callable(value):
+            raise PromptTypeError(f"$.{name}", f"must be callable, got {type_name(value)}")
+    unknown = [name for name in fields if name not in _RECORD_FIELDS]
+    if unknown:
+        raise PromptTypeError(
+            f"$.{unknown[0]}",
+            "is neither an option of chat_to_prompt nor a TextPrompt field "
+            f"(fields: {', '.join(sorted(_RECORD_FIELDS))})",
+        )
 
 
 def _check_placeholders(placeholders: object) -> None:

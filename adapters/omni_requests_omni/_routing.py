@@ -166,6 +166,9 @@ class CacheAffinity:
             raise TypeError(f"max_load_ratio must be a number, got {type(max_load_ratio).__name__}")
         if not math.isfinite(max_load_ratio) or max_load_ratio < 1.0:  # NaN passed `< 1.0`
             raise ValueError(f"max_load_ratio must be finite and >= 1.0, got {max_load_ratio!r}")
+        for name, value in (("fallback", fallback), ("load", load)):
+            if value is not None and not callable(value):  # else it fails at the first request
+                raise TypeError(f"{name} must be callable or None, got {type(value).__name__}")
         self.fallback: SelectReplica = fallback if fallback is not None else RoundRobin()
         self.load = load
         self.max_load_ratio = max_load_ratio

@@ -75,6 +75,12 @@ def _callable(_: object, attribute: attrs.Attribute[Any], value: object) -> None
         raise PromptTypeError(f"$.{attribute.name}", f"must be callable, got {type_name(value)}")
 
 
+def _bool(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    # Not converted: bool("false") is True, and a diffusion pool is never scoped.
+    if type(value) is not bool:
+        raise PromptTypeError(f"$.{attribute.name}", f"must be a bool, got {type_name(value)}")
+
+
 @attrs.frozen(kw_only=True)
 class Stage0Pool:
     """The facts about stage 0 that scoping depends on.
@@ -92,7 +98,7 @@ class Stage0Pool:
 
     replicas: tuple[int, ...] = attrs.field(converter=_replica_ids)
     select: SelectReplica = attrs.field(validator=_callable)
-    is_diffusion: bool = attrs.field(default=False, converter=bool)
+    is_diffusion: bool = attrs.field(default=False, validator=_bool)
     engine_request_types: tuple[type[Any], ...] = attrs.field(default=(), converter=_types)
 
 

@@ -24,6 +24,7 @@ from omni_requests import (
 from omni_requests._adapter_api import (
     SINGLE_KINDS,
     as_made,
+    check_one_scope,
     derived,
     is_embedding_modality,
     is_own_array,
@@ -104,6 +105,7 @@ def to_vllm(prompt: Prompt) -> Any:
     if plan is not None:
         return _single_to_vllm(prompt, plan)  # type: ignore[arg-type]
     if isinstance(prompt, EncoderDecoderPrompt):
+        check_one_scope(prompt)
         decoder = prompt.decoder_prompt
         return {
             "encoder_prompt": to_vllm(prompt.encoder_prompt),

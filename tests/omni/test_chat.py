@@ -591,6 +591,31 @@ def test_stand_in_options_with_a_renderer_and_a_non_renderer_are_refused() -> No
         chat_to_prompt(_user({"type": "text", "text": "a"}), renderer=object())
 
 
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"template": 5}, r"^\$\.template: must be callable, got int"),
+        ({"loader": 5}, r"^\$\.loader: must be callable, got int"),
+        ({"foo": 1}, r"^\$\.foo: is neither an option of chat_to_prompt nor a TextPrompt field"),
+    ],
+)
+def test_the_stand_ins_arguments_are_checked_before_any_media_is_loaded(
+    given: dict[str, Any], message: str
+) -> None:
+    # Each failed only after loading every item: a bare TypeError, the last naming the record.
+    loaded: list[str] = []
+
+    def loader(modality: str, url: str) -> object:
+        loaded.append(url)
+        return np.zeros((2, 2, 3), np.uint8)
+
+    messages = _user({"type": "image_url", "image_url": {"url": "file:///cat.png"}})
+    with pytest.raises(PromptTypeError, match=message):
+        chat_to_prompt(messages, **{"loader": loader, **given})
+    assert loaded == []
+    assert chat_to_prompt(messages, loader=loader, cache_salt="s").cache_salt == "s"
+
+
 @pytest.mark.parametrize("field", ["prompt", "prompt_token_ids", "multi_modal_data", "multi_modal_uuids"])
 @pytest.mark.parametrize("renderer", [None, object()], ids=["stand-in", "vllm"])
 def test_a_keyword_never_replaces_what_the_chat_renders(field: str, renderer: object) -> None:

@@ -108,6 +108,10 @@ def test_bounded_load_skips_a_busy_home_for_the_next_preferred_replica() -> None
     assert policy(request) == home  # all equally busy: the home again
     with pytest.raises(ValueError, match=r"max_load_ratio must be finite and >= 1\.0"):
         CacheAffinity(max_load_ratio=0.5)
+    # Accepted before, they failed at the first request ("'int' object is not callable").
+    for name in ("fallback", "load"):
+        with pytest.raises(TypeError, match=f"^{name} must be callable or None, got int"):
+            CacheAffinity(**{name: 5})  # type: ignore[arg-type]
 
 
 def test_bounded_load_takes_a_draining_replica_and_odd_settings_without_a_stray_error() -> None:

@@ -507,6 +507,9 @@ def test_unknown_prompt_objects_in_a_scoped_request_are_refused() -> None:
         ({"replicas": "2"}, r"\$\.replicas: must be a replica count"),
         ({"replicas": 2, "select": 3}, r"\$\.select: must be callable"),
         ({"replicas": 2, "engine_request_types": [1]}, r"\$\.engine_request_types\[0\]: must be a type"),
+        # bool("false") is True: a pool read from text would stop scoping, silently.
+        ({"replicas": 2, "is_diffusion": "false"}, r"\$\.is_diffusion: must be a bool, got str"),
+        ({"replicas": 2, "is_diffusion": np.array([1, 0])}, r"\$\.is_diffusion: must be a bool, got numpy"),
     ],
 )
 def test_pool_facts_are_checked(kwargs: dict[str, Any], message: str) -> None:

@@ -592,8 +592,17 @@ def cached_only_item_not_cached(draw: st.DrawFn, case: Case) -> Outcome:
 @mutation(kind="tokens")
 def token_id_out_of_vocab(draw: st.DrawFn, case: Case) -> Outcome:
     ids = case.prompt["prompt_token_ids"]
-    ids[draw(st.integers(0, len(ids) - 1))] = draw(st.sampled_from([-1, len(case.tokenizer), 10**6]))
+    ids[draw(st.integers(0, len(ids) - 1))] = draw(st.sampled_from([len(case.tokenizer), 10**6]))
     return OUT_OF_REACH
+
+
+@mutation(kind="tokens")
+def token_id_negative(draw: st.DrawFn, case: Case) -> Outcome:
+    # Out of every vocabulary: no model is needed to refuse it.
+    ids = case.prompt["prompt_token_ids"]
+    i = draw(st.integers(0, len(ids) - 1))
+    ids[i] = draw(st.sampled_from([-1, -(2**31)]))
+    return refused(InvalidPromptError, f"$.prompt_token_ids[{i}]")
 
 
 @mutation(media=False)
