@@ -632,7 +632,9 @@ class MediaHasher:
 
     ``key(modality, item)`` equals vLLM's
     ``MultiModalHasher.hash_kwargs(algorithm, model_id=model_id, **{modality: item})``
-    bit for bit. ``model_id`` must be the model string exactly as the engine was given it.
+    bit for bit, except for an int beyond 64 bits, which has no key here (``ValueError``):
+    vLLM hashes the memory address of its object. ``model_id`` must be the model string
+    exactly as the engine was given it.
 
     >>> import numpy as np
     >>> hasher = MediaHasher("my-model")

@@ -294,6 +294,23 @@ def _check_video_items(where: str, items: Sequence[object], *, given_as_items: b
                 f"a tuple of {len(item)} is not a video item; give (frames, metadata), a 4-D array "
                 "or a list of frames",
             )
+        _check_no_number_frames(f"{where}[{i}]", item)
+
+
+def _check_no_number_frames(where: str, video: object) -> None:
+    # The model's processor counts and sizes a video's frames, and fails on numbers.
+    frames, where = (video[0], f"{where}[0]") if isinstance(video, tuple) else (video, where)
+    number = _number(frames)
+    if number:
+        raise PromptTypeError(
+            where, f"{number} is not a video's frames; give a 4-D array or a list of frames"
+        )
+    for j, frame in enumerate(frames if isinstance(frames, (list, PVector)) else ()):
+        number = _number(frame)
+        if number:
+            raise PromptTypeError(
+                f"{where}[{j}]", f"{number} is not a video frame; give an image or a 3-D array"
+            )
 
 
 def _check_images_parse(where: str, items: Sequence[object]) -> None:
@@ -1014,7 +1031,7 @@ def check_one_scope(pair: EncoderDecoderPrompt) -> None:
     rendered as it is, it would send keys scoped to two replicas or policies.
     """
     encoder, decoder = pair.encoder_prompt, pair.decoder_prompt
-    if decoder is None or not encoder._view or not decoder._view or encoder.scope == decoder.scope:
+    if decoder is None or not encoder._view or not decoder._view or _where(encoder) == _where(decoder):
         return
 
     def where(scope: Any) -> str:
@@ -1026,6 +1043,13 @@ def check_one_scope(pair: EncoderDecoderPrompt) -> None:
         "to one replica, so its media keys are rendered in one scope (scope the pair with "
         "scope_to_replica before rendering it)",
     )
+
+
+def _where(prompt: SinglePrompt) -> tuple[int, int, Any] | None:
+    """Where a part's keys go and how they render: its stage, replica and policy (a
+    hasher of another algorithm or model scopes to the same place)."""
+    scope = prompt.scope
+    return None if scope is None else (scope.stage_id, scope.replica_id, scope.policy)
 
 
 Prompt: TypeAlias = TextPrompt | TokensPrompt | EmbedsPrompt | EncoderDecoderPrompt

@@ -149,7 +149,7 @@ def test_bad_hasher_arguments(args: tuple[object, ...], error: type[Exception], 
 
 def test_an_int_beyond_64_bits_has_no_key(hasher: MediaHasher) -> None:
     # numpy holds it as an object, whose bytes are a memory address (vLLM's hasher hashes
-    # them): every such int shared one key, which moved with the process. Records refuse it.
+    # them): equal values got two keys, and a reused address repeated one. Records refuse it.
     assert hasher.key("video", [2**64 - 1]) != hasher.key("video", [2**64 - 2])  # uint64: still a number
     for number in (2**64, -(2**63) - 1, 10**30):
         for key in (hasher.key, hasher.content_key, hasher.fingerprint):

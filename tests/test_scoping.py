@@ -181,9 +181,14 @@ def test_a_pair_whose_parts_carry_keys_in_different_scopes_is_not_rendered(hashe
             scoped[part]["multi_modal_uuids"]["video"][0] for part in ("encoder_prompt", "decoder_prompt")
         ]
         assert all(key.startswith("stage0:rep1:") for key in keys)
-    # A part without media keys has no scope to agree on.
+    # A part without media keys has no scope to agree on; a hasher of another algorithm
+    # scopes to the same replica.
     alone = EncoderDecoderPrompt(encoder_prompt=on[0], decoder_prompt=TextPrompt(prompt="y"))
     assert to_vllm(alone)["decoder_prompt"] == {"prompt": "y"}
+    named = TextPrompt(prompt="x", multi_modal_data={"video": video(1)}, multi_modal_uuids={"video": "v"})
+    sha = scope_to_replica(named, 0, hasher=MediaHasher(hasher.model_id, "sha256"))
+    both = to_vllm(EncoderDecoderPrompt(encoder_prompt=on[0], decoder_prompt=sha))
+    assert both["decoder_prompt"]["multi_modal_uuids"] == {"video": ["stage0:rep0:v"]}
 
 
 @pytest.mark.parametrize(

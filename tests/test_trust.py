@@ -412,8 +412,9 @@ def test_numbers_are_no_image_or_video_items(modality: str) -> None:
 
 @pytest.mark.parametrize("modality", ["image", "video", "audio"])
 def test_a_0d_array_or_tensor_is_a_number_not_a_media_item(modality: str) -> None:
-    # One number in an array: vLLM's parser (video) or the model's processor (image,
-    # audio) fails on it as on a number; the record used to keep it and key it.
+    # One number in an array: vLLM's processing fails on it as on a number (its parser
+    # takes it; the processor cannot count or size its frames or samples); the record used
+    # to keep it and key it.
     import torch
 
     for given in (
@@ -429,6 +430,22 @@ def test_a_0d_array_or_tensor_is_a_number_not_a_media_item(modality: str) -> Non
         PromptTypeError, match=r"audio\[0\]\[0\]: a 0-d numpy.ndarray \(one number\) is not a waveform"
     ):
         TextPrompt(prompt="x", multi_modal_data={"audio": [(np.array(0.5, np.float32), 16000)]})
+    # A video's frames: as (frames, metadata), or a list of frames, none of them a number.
+    for video_item, path, found in (
+        (
+            (torch.tensor(1.0), {"fps": 1.0}),
+            r"video\[0\]\[0\]",
+            "a 0-d torch.Tensor .one number. is not a video's frames",
+        ),
+        (
+            [[np.zeros((2, 2, 3), np.uint8), np.array(2.0)]],
+            r"video\[0\]\[1\]",
+            "a 0-d numpy.ndarray .* is not a video frame",
+        ),
+        ([[1.0, 2.0]], r"video\[0\]\[0\]", "a number is not a video frame"),
+    ):
+        with pytest.raises(PromptTypeError, match=rf"^\$\.multi_modal_data\.{path}: {found}"):
+            TextPrompt(prompt="x", multi_modal_data={"video": video_item})
     # Elsewhere an item may be any array: a 0-d one stays a sensor reading.
     assert (
         TextPrompt(prompt="x", multi_modal_data={"sensor": [np.array(7.0)]}).multi_modal_data["sensor"][0]

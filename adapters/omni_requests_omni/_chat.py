@@ -291,9 +291,10 @@ def chat_to_prompt(
 
 def _check_stand_in(loader: object, template: object, fields: Mapping[str, Any]) -> None:
     """The stand-in's arguments, checked before any media is loaded."""
-    for name, value in (("loader", loader), ("template", template)):
-        if value is not None and value is not _UNSET and not callable(value):
-            raise PromptTypeError(f"$.{name}", f"must be callable, got {type_name(value)}")
+    if loader is not None and not callable(loader):  # None: the default loader
+        raise PromptTypeError("$.loader", f"must be callable or None, got {type_name(loader)}")
+    if template is not _UNSET and not callable(template):
+        raise PromptTypeError("$.template", f"must be callable, got {type_name(template)}")
     unknown = [name for name in fields if name not in _RECORD_FIELDS]
     if unknown:
         raise PromptTypeError(

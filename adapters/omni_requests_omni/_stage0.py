@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar, overload
 
 import attrs
+import numpy as np
 from pyrsistent import PMap, PVector
 
 from omni_requests import (
@@ -75,10 +76,12 @@ def _callable(_: object, attribute: attrs.Attribute[Any], value: object) -> None
         raise PromptTypeError(f"$.{attribute.name}", f"must be callable, got {type_name(value)}")
 
 
-def _bool(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-    # Not converted: bool("false") is True, and a diffusion pool is never scoped.
-    if type(value) is not bool:
-        raise PromptTypeError(f"$.{attribute.name}", f"must be a bool, got {type_name(value)}")
+def _is_diffusion(value: object) -> bool:
+    # A bool, numpy's included; nothing converted: bool("false") is True, and a diffusion
+    # pool is never scoped.
+    if type(value) is not bool and type(value) is not np.bool_:
+        raise PromptTypeError("$.is_diffusion", f"must be a bool, got {type_name(value)}")
+    return bool(value)
 
 
 @attrs.frozen(kw_only=True)
@@ -98,7 +101,7 @@ class Stage0Pool:
 
     replicas: tuple[int, ...] = attrs.field(converter=_replica_ids)
     select: SelectReplica = attrs.field(validator=_callable)
-    is_diffusion: bool = attrs.field(default=False, validator=_bool)
+    is_diffusion: bool = attrs.field(default=False, converter=_is_diffusion)
     engine_request_types: tuple[type[Any], ...] = attrs.field(default=(), converter=_types)
 
 

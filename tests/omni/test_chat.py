@@ -595,7 +595,8 @@ def test_stand_in_options_with_a_renderer_and_a_non_renderer_are_refused() -> No
     ("given", "message"),
     [
         ({"template": 5}, r"^\$\.template: must be callable, got int"),
-        ({"loader": 5}, r"^\$\.loader: must be callable, got int"),
+        ({"template": None}, r"^\$\.template: must be callable, got None"),
+        ({"loader": 5}, r"^\$\.loader: must be callable or None, got int"),
         ({"foo": 1}, r"^\$\.foo: is neither an option of chat_to_prompt nor a TextPrompt field"),
     ],
 )

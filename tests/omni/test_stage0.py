@@ -510,11 +510,18 @@ def test_unknown_prompt_objects_in_a_scoped_request_are_refused() -> None:
         # bool("false") is True: a pool read from text would stop scoping, silently.
         ({"replicas": 2, "is_diffusion": "false"}, r"\$\.is_diffusion: must be a bool, got str"),
         ({"replicas": 2, "is_diffusion": np.array([1, 0])}, r"\$\.is_diffusion: must be a bool, got numpy"),
+        ({"replicas": 2, "is_diffusion": 1}, r"\$\.is_diffusion: must be a bool, got int"),
     ],
 )
 def test_pool_facts_are_checked(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises((InvalidPromptError, PromptTypeError), match=message):
         Stage0Pool(**{"select": RoundRobin(), **kwargs})
+
+
+def test_a_numpy_bool_says_whether_stage_0_is_a_diffusion_stage() -> None:
+    for flag in (False, True):
+        pool = Stage0Pool(replicas=2, select=RoundRobin(), is_diffusion=np.bool_(flag))
+        assert pool.is_diffusion is flag
 
 
 def test_the_hasher_and_pool_arguments_are_checked() -> None:

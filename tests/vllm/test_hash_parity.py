@@ -108,6 +108,11 @@ def _is_number(item: object) -> bool:
     return isinstance(item, (int, float, np.number, np.bool_)) or getattr(item, "ndim", None) == 0
 
 
+def _number_frames(video: object) -> bool:
+    frames = video[0] if isinstance(video, tuple) and len(video) == 2 else video
+    return _is_number(frames) or (isinstance(frames, list) and any(_is_number(frame) for frame in frames))
+
+
 def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
     try:
         expected = _vllm_key(hasher, modality, item)
@@ -127,9 +132,14 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
     if modality in ("image", "video", "audio") and _is_number(item):
         # Records refuse a number (a 0-d array or tensor too) as an audio item: the
         # engine's dict carries items in a list, which vLLM reads as one waveform of
-        # samples; and as an image or video item, which vLLM's parser (video) or the
-        # model's processor (image) fails on (test_trust.py).
+        # samples; and as an image or video item, which vLLM's processing fails on
+        # (test_trust.py).
         with pytest.raises(PromptTypeError, match=modality):
+            _in_a_record(modality, item)
+        return
+    if modality == "video" and _number_frames(item):
+        # Nor a video whose frames are a number, or a list of frames holding one.
+        with pytest.raises(PromptTypeError, match="not a video"):
             _in_a_record(modality, item)
         return
     if (
