@@ -641,6 +641,16 @@ def _count(shape: list[int]) -> int:
     return count
 
 
+# numpy and torch refuse a shape whose dimensions (the empty ones left out) multiply past
+# this, even with no element: an array may span at most an int64's bytes.
+_MAX_SPAN: Final = (1 << 63) - 1
+
+
+def _check_span(shape: list[int], itemsize: int, kind: str, path: str) -> None:
+    if _count([n for n in shape if n]) * itemsize > _MAX_SPAN:
+        raise WireError(path, f"{kind} of shape {tuple(shape)} is larger than numpy and torch can hold")
+
+
 def _read_tensor(name: Any, shape: list[int], raw: bytes, *, path: str) -> Any:
     if name not in _TORCH_DTYPES:
         raise WireError(path, f"{name!r} is not a tensor dtype this format carries")
@@ -650,6 +660,7 @@ def _read_tensor(name: Any, shape: list[int], raw: bytes, *, path: str) -> Any:
         raise WireError(path, "a tensor needs torch: pip install 'omni-requests[torch]'") from None
     dtype = getattr(torch, name)
     itemsize = torch.empty((), dtype=dtype).element_size()
+    _check_span(shape, itemsize, f"a {name} tensor", path)
     if _count(shape) * itemsize != len(raw):
         raise WireError(path, f"a {name} tensor of shape {tuple(shape)} has {_count(shape) * itemsize} bytes")
     flat = torch.empty(len(raw), dtype=torch.uint8)
@@ -658,6 +669,7 @@ def _read_tensor(name: Any, shape: list[int], raw: bytes, *, path: str) -> Any:
 
 
 def _check_array_size(dtype: np.dtype[Any], shape: list[int], raw: bytes, path: str) -> None:
+    _check_span(shape, dtype.itemsize, f"an array of {dtype}", path)
     if _count(shape) * dtype.itemsize != len(raw):
         raise WireError(
             path, f"an array of {dtype} and shape {tuple(shape)} has {_count(shape) * dtype.itemsize} bytes"

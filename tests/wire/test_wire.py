@@ -322,7 +322,10 @@ def test_images_count_their_decoded_pixels_against_max_bytes() -> None:
     [
         (["|O8", [1], b"\x00" * 8], "not a plain numpy dtype"),
         (["<i4", [2, 2], b"\x00" * 15], "has 16 bytes"),
-        (["<i4", [1 << 40, 1 << 40], b""], "bytes"),
+        (["<i4", [1 << 40, 1 << 40], b""], "larger than numpy and torch can hold"),
+        (["<i4", [1 << 20, 1 << 20], b""], "has 4398046511104 bytes"),
+        # No element, yet more dimensions than numpy can hold: it named the message ("$").
+        (["|u1", [1 << 61, 1 << 61, 0], b""], "larger than numpy and torch can hold"),
         (["i4,f8", [1], b"\x00" * 12], "not a plain numpy dtype"),
     ],
 )
@@ -334,6 +337,17 @@ def test_malformed_arrays_are_refused(array: list[Any], why: str) -> None:
     with pytest.raises(WireError, match=why) as caught:
         decode(msgspec.msgpack.encode(tree))
     assert caught.value.path == "$.multi_modal_data.image[0]"
+
+
+def test_a_tensor_too_large_to_hold_is_refused_by_name() -> None:
+    torch = pytest.importorskip("torch")
+    tree = msgspec.msgpack.decode(
+        encode(TextPrompt(prompt="", multi_modal_data={"video": [torch.zeros(1, 2, 2, 3)]}))
+    )
+    tree[2][2]["multi_modal_data"][0][1][0][2:] = [[1 << 61, 1 << 61, 0], b""]
+    with pytest.raises(WireError, match=r"float32 tensor of shape .* larger than numpy and torch") as caught:
+        decode(msgspec.msgpack.encode(tree))
+    assert caught.value.path == "$.multi_modal_data.video[0]"
 
 
 @pytest.mark.parametrize(
