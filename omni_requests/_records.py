@@ -352,8 +352,8 @@ def _check_no_numbers(where: str, modality: str, items: Sequence[object]) -> Non
 
 
 def _number(item: object) -> str:
-    """What names ``item`` as a number ("" for none): a 0-d array or tensor is one too, and
-    vLLM's parser and processors fail on it as on a number."""
+    """What names ``item`` as a number ("" for none): a 0-d array or tensor is one too
+    (vLLM's parser takes it, but its processing fails on it as on a number)."""
     if isinstance(item, _NUMBERS):
         return "a number"
     return f"a 0-d {type_name(item)} (one number)" if _ndim(item) == 0 else ""
@@ -1034,12 +1034,12 @@ def check_one_scope(pair: EncoderDecoderPrompt) -> None:
     if decoder is None or not encoder._view or not decoder._view or _where(encoder) == _where(decoder):
         return
 
-    def where(scope: Any) -> str:
+    def described(scope: Any) -> str:
         return "unscoped" if scope is None else f"scoped to {scope.prefix} under {scope.policy!r}"
 
     raise InvalidPromptError(
         "$.decoder_prompt",
-        f"is {where(decoder.scope)} while the encoder prompt is {where(encoder.scope)}: a pair goes "
+        f"is {described(decoder.scope)} while the encoder prompt is {described(encoder.scope)}: a pair goes "
         "to one replica, so its media keys are rendered in one scope (scope the pair with "
         "scope_to_replica before rendering it)",
     )
