@@ -334,21 +334,25 @@ def _check_images_parse(where: str, items: Sequence[object]) -> None:
 _NUMBERS: Final = (int, float, np.number, np.bool_)
 
 
+# What each modality takes instead of a number, and why a number is none of its items.
+_INSTEAD_OF_A_NUMBER: Final = {
+    "image": "an image item (a 1-D array or a list of numbers splits into numbers); give each "
+    "image as an array, a tensor or a PIL image",
+    "video": "a video item (a 1-D array or a list of numbers splits into numbers); give each "
+    "video as an array, a tensor or a list of frames",
+    "audio": "an audio item (the engine's list of items would read as one waveform); give an "
+    "array, a list of samples or (array, rate)",
+}
+
+
 def _check_no_numbers(where: str, modality: str, items: Sequence[object]) -> None:
     # A 1-D array (or a list of numbers) given as a modality's whole value splits into
-    # numbers, which vLLM's parser (video) or the model's processor (image) fails on (for
-    # audio, the list reads as one waveform).
-    if modality == "audio":
-        return  # _check_audio_items says what audio takes instead
+    # numbers, which vLLM's parser (video) or the model's processor (image) fails on; for
+    # audio, the engine's list of them reads as one waveform.
     for i, item in enumerate(items):
         number = _number(item)
         if number:
-            raise PromptTypeError(
-                f"{where}[{i}]",
-                f"{number} is not {'an' if modality == 'image' else 'a'} {modality} item (a 1-D array "
-                f"or a list of numbers splits into numbers); give each {modality} as an array, a tensor"
-                + (" or a PIL image" if modality == "image" else " or a list of frames"),
-            )
+            raise PromptTypeError(f"{where}[{i}]", f"{number} is not {_INSTEAD_OF_A_NUMBER[modality]}")
 
 
 def _number(item: object) -> str:
@@ -360,14 +364,8 @@ def _number(item: object) -> str:
 
 
 def _check_audio_items(where: str, items: Sequence[object]) -> None:
+    # After _check_no_numbers: no item is a number.
     for i, item in enumerate(items):
-        number = _number(item)
-        if number:
-            raise PromptTypeError(
-                f"{where}[{i}]",
-                f"{number} is not an audio item (the engine's list of items would read as one "
-                "waveform); give an array, a list of samples or (array, rate)",
-            )
         if isinstance(item, tuple):  # vLLM unpacks (waveform, rate): other lengths fail there
             if len(item) != 2:
                 raise PromptTypeError(
