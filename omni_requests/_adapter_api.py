@@ -17,7 +17,7 @@ from ._errors import type_name
 from ._keys import check_index
 from ._media import as_made, is_own_array, is_pil_image, is_torch_tensor, thaw
 from ._records import SINGLE_KINDS, MediaRow, SinglePrompt, check_one_scope, refuse_engine_scoped
-from ._scoping import one_request
+from ._scoping import key_bases, one_request
 from ._sealed import seal_of, unsealed
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "is_own_array",
     "is_pil_image",
     "is_torch_tensor",
+    "key_bases",
     "media_rows",
     "merge_embedding_fields",
     "one_request",

@@ -9,8 +9,7 @@ read otherwise (see ``rendered_uuids``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, Final, TypeVar
 
@@ -30,7 +29,7 @@ from ._records import (
     replace_fields,
 )
 
-__all__ = ["media_keys", "one_request", "rendered_uuids", "scope_to_replica"]
+__all__ = ["key_bases", "media_keys", "one_request", "rendered_uuids", "scope_to_replica"]
 
 _P = TypeVar("_P", bound="SinglePrompt | EncoderDecoderPrompt")
 
@@ -199,8 +198,7 @@ class _RequestDigests:
 _REQUEST: Final[ContextVar[_RequestDigests | None]] = ContextVar("omni_requests.request", default=None)
 
 
-@contextmanager
-def one_request(hasher: MediaHasher) -> Iterator[None]:
+def one_request(hasher: MediaHasher) -> _OneRequest:
     """Within the block, each media item's content key under ``hasher`` is computed once.
 
     For an engine's request path that reads a request's keys more than once (to route it,
@@ -217,13 +215,23 @@ def one_request(hasher: MediaHasher) -> Iterator[None]:
     to one request, from its first key to the dicts handed to the engine (a change after
     that is one "while the engine is reading", outside the contract of ``docs/security.md``).
     """
-    reuse = _RequestDigests(hasher)
-    token = _REQUEST.set(reuse)
-    try:
-        yield
-    finally:
-        reuse.close()
-        _REQUEST.reset(token)
+    return _OneRequest(hasher)
+
+
+class _OneRequest:
+    # A class, not a generator-based context manager: it is entered on every routed
+    # request, and costs a third as much.
+    __slots__ = ("_reuse", "_token")
+
+    def __init__(self, hasher: MediaHasher) -> None:
+        self._reuse = _RequestDigests(hasher)
+
+    def __enter__(self) -> None:
+        self._token = _REQUEST.set(self._reuse)
+
+    def __exit__(self, *_: object) -> None:
+        self._reuse.close()
+        _REQUEST.reset(self._token)
 
 
 _K = TypeVar("_K")
@@ -322,6 +330,44 @@ def media_keys(
     bind = scope is not None and scope.policy.bind_content
     keys, _ = _derive(prompt, hasher, bind, user, content)
     return pmap({m: pvector(row) for m, row in keys.items()})
+
+
+def key_bases(prompt: SinglePrompt, hasher: MediaHasher) -> tuple[str, ...]:
+    """The bases of ``prompt``'s media keys under ``hasher``, modalities in name order
+    (stable across processes), items in order, ``None`` items left out: what a routing
+    policy reads.
+
+    Exactly the bases of ``media_keys(prompt, hasher)``, with its checks and errors
+    (bindings included, where the prompt's scope binds). Where every item read is frozen
+    they are remembered with the media, per hasher, as :func:`rendered_uuids` remembers
+    rendered keys: a template's scoped copies route without a walk.
+    """
+    _check_single(prompt)
+    scope = prompt.scope
+    bind = scope is not None and scope.policy.bind_content
+    memo_key = (_BASES, id(hasher), bind)
+    known = prompt._memo.get(memo_key)
+    if known is not None and known[0] is hasher:
+        return known[1]  # type: ignore[no-any-return]
+    keys, fixed = _derive(prompt, hasher, bind, _user_base, _as_base)
+    bases = tuple(base for modality in sorted(keys) for base in keys[modality] if base is not None)
+    if fixed:
+        memo = prompt._memo
+        if len(memo) >= _MAX_MEMO:
+            memo.clear()
+        memo[memo_key] = (hasher, bases)
+    return bases
+
+
+_BASES: Final = "omni_requests.bases"
+
+
+def _user_base(uuid: str, _binding: str | None) -> str:
+    return uuid
+
+
+def _as_base(digest: str) -> str:
+    return digest
 
 
 _SINGLE_KINDS: Final = frozenset(SINGLE_KINDS)

@@ -28,7 +28,6 @@ given a record's view, a hasher's public calls included, reads the object as it 
 from __future__ import annotations
 
 import atexit
-import contextlib
 import contextvars
 import copy
 import copyreg
@@ -38,7 +37,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 from ._exif import ExifEdits, apply_exif_edits, copy_with_exif, exif_edits, parser_tags, same_value
@@ -126,8 +125,7 @@ _ONE_CALL: Final[contextvars.ContextVar[dict[object, tuple[object, Any]] | None]
 )
 
 
-@contextlib.contextmanager
-def unsealed() -> Iterator[None]:
+def unsealed() -> _Unsealed:
     """Records built inside keep the caller's images and tensors, unsealed, and share
     what they make of one caller object.
 
@@ -137,13 +135,20 @@ def unsealed() -> Iterator[None]:
     caller's array or tensor given in two dicts of the call becomes one frozen item, so
     the call's ``one_request`` hashes it once, not once a dict.
     """
-    token = _SEALING.set(False)
-    shared = _ONE_CALL.set({})
-    try:
-        yield
-    finally:
-        _ONE_CALL.reset(shared)
-        _SEALING.reset(token)
+    return _Unsealed()
+
+
+class _Unsealed:
+    # A class, not a generator-based context manager: every routed request enters one.
+    __slots__ = ("_sealing", "_shared")
+
+    def __enter__(self) -> None:
+        self._sealing = _SEALING.set(False)
+        self._shared = _ONE_CALL.set({})
+
+    def __exit__(self, *_: object) -> None:
+        _ONE_CALL.reset(self._shared)
+        _SEALING.reset(self._sealing)
 
 
 def made_in_this_call(key: tuple[object, ...], given: object, make: Callable[..., _T], *args: Any) -> _T:

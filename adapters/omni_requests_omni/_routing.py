@@ -7,6 +7,7 @@ ids, or ``None`` when no replica can take the request now.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
@@ -111,6 +112,9 @@ def live_replica_id(chosen: object, live: Sequence[int]) -> int | None:
     return plain if plain in live else None
 
 
+# Remembered: a deployment routes the same few keys (a template's media) over the same
+# replicas again and again, and a hit costs a twentieth of a digest. Bounded.
+@functools.lru_cache(maxsize=8192)
 def _score(key: str, replica: int) -> int:
     """A replica's rendezvous weight for ``key``: stable across processes and runs."""
     # surrogatepass: any str routes (a key with a lone surrogate is refused elsewhere, by name).
@@ -119,9 +123,10 @@ def _score(key: str, replica: int) -> int:
     return int.from_bytes(digest, "big")
 
 
-def rendezvous_order(key: str, replicas: Sequence[int]) -> list[int]:
-    """``replicas`` from most to least preferred for ``key`` (highest random weight first)."""
-    return sorted(replicas, key=lambda replica: _score(key, replica), reverse=True)
+def home(key: str, replicas: Sequence[int]) -> int:
+    """The replica of ``replicas`` most preferred for ``key`` (highest random weight; the
+    first such in ``replicas`` on a tie)."""
+    return max(replicas, key=functools.partial(_score, key))
 
 
 def _load_of(load: Callable[[int], float], replica: int) -> float:
@@ -181,7 +186,7 @@ class CacheAffinity:
             return []
         votes = dict.fromkeys(replicas, 0)
         for key in keys:
-            votes[rendezvous_order(key, replicas)[0]] += 1
+            votes[home(key, replicas)] += 1
         first = keys[0]
         return sorted(replicas, key=lambda replica: (votes[replica], _score(first, replica)), reverse=True)
 

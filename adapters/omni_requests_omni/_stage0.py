@@ -9,26 +9,24 @@ dicts come back as fresh dicts, records as new records.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar, overload
 
 import attrs
 import numpy as np
-from pyrsistent import PMap, PVector
 
 from omni_requests import (
     EncoderDecoderPrompt,
     InvalidPromptError,
     MediaHasher,
-    MediaKey,
     OmniRequestsError,
     PromptTypeError,
-    media_keys,
     scope_to_replica,
 )
 from omni_requests._adapter_api import (
     SINGLE_KINDS,
     check_index,
+    key_bases,
     one_request,
     refuse_engine_scoped,
     type_name,
@@ -42,7 +40,7 @@ __all__ = ["Stage0Pool", "Stage0Result", "scope_stage0"]
 
 _T = TypeVar("_T")
 _RECORDS = (*SINGLE_KINDS, EncoderDecoderPrompt)
-_KeyMap = PMap[str, PVector[MediaKey | None]]
+_RECORDS_OR_STR = (*_RECORDS, str)
 
 
 def _replica_ids(value: object) -> tuple[int, ...]:
@@ -188,7 +186,7 @@ class _Request:
         # dicts becomes one item, hashed once.
         with unsealed():
             for i, item in enumerate(items):
-                if isinstance(item, (*_RECORDS, str)) or _is_token_list(item):
+                if isinstance(item, _RECORDS_OR_STR) or _is_token_list(item):
                     self.records.append(item)
                 elif isinstance(item, Mapping):
                     try:
@@ -201,11 +199,11 @@ class _Request:
                         "must be a prompt dict, a prompt record, a str or a list of token ids "
                         f"to be scoped, got {type_name(item)}",
                     )
-        self._keys: dict[int, list[_KeyMap | None]] = {}
+        self._bases: dict[int, list[tuple[str, ...]]] = {}
 
-    def keys(self, index: int) -> list[_KeyMap | None]:
-        """The unscoped keys of item ``index``, per part (``None`` for a missing part)."""
-        found = self._keys.get(index)
+    def bases_of(self, index: int) -> list[tuple[str, ...]]:
+        """The unscoped key bases of item ``index``, per part (none for a missing part)."""
+        found = self._bases.get(index)
         if found is None:
             record = self.records[index]
             if isinstance(record, EncoderDecoderPrompt):
@@ -220,21 +218,18 @@ class _Request:
             parts = _parts(record) if isinstance(record, _RECORDS) else []
             found = []
             for name, part in zip(_PART_NAMES if len(parts) == 2 else ("",), parts, strict=False):
+                if part is None:
+                    continue
                 try:
-                    found.append(None if part is None else media_keys(part, self.hasher))
+                    found.append(key_bases(part, self.hasher))
                 except OmniRequestsError as error:  # an item that cannot be keyed, named in the request
                     raise error.under(self._at(index) + name) from None
-            self._keys[index] = found
+            self._bases[index] = found
         return found
 
-    def bases(self) -> Iterator[str]:
+    def bases(self) -> list[str]:
         """Every key's base, item by item, modalities in name order (stable across processes)."""
-        for index in range(len(self.records)):
-            for part in self.keys(index):
-                for modality in sorted(part or {}):
-                    for key in part[modality]:  # type: ignore[index]
-                        if key is not None:
-                            yield key.base
+        return [base for index in range(len(self.records)) for part in self.bases_of(index) for base in part]
 
     def scoped(self, index: int, replica_id: int, as_dicts: bool) -> object:
         """Item ``index`` scoped to the replica: records through ``scope_to_replica`` (which
@@ -323,9 +318,8 @@ def scope_stage0(
         raise PromptTypeError("hasher", f"must be a MediaHasher, got {type_name(hasher)}")
     if not isinstance(as_dicts, bool):
         raise PromptTypeError("as_dicts", f"must be a bool, got {type_name(as_dicts)}")
-    passed = Stage0Result(None, prompts)
     if pool.is_diffusion:
-        return passed
+        return Stage0Result(None, prompts)
     if len(pool.replicas) <= 1:
         # Nothing is scoped, but a dict carrying keys an engine scoped (a copy of a scoped
         # dict given new media) would reach it as they are: the old media's, still cached
@@ -335,23 +329,23 @@ def scope_stage0(
                 _refuse_scoped_uuids(item, f"$[{i}]")
         else:
             _refuse_scoped_uuids(prompts, "$")
-        return passed
+        return Stage0Result(None, prompts)
     if _is_engine_request(prompts, pool.engine_request_types):
-        return passed
+        return Stage0Result(None, prompts)
     many = isinstance(prompts, list) and not _is_token_list(prompts)
     items: list[object] = list(prompts) if many else [prompts]  # type: ignore[call-overload]
     if not any(carries_media(item) for item in items):
-        return passed
+        return Stage0Result(None, prompts)
 
     request = _Request(items, hasher, (lambda i: f"$[{i}]") if many else (lambda _: "$"))
     # One request: routing's keys are the keys its dicts are rendered with.
     with one_request(hasher):
         # Every key first (scoping needs them all anyway): an item that cannot be keyed
         # raises here, by name, before select binds a replica to the request.
-        bases = list(request.bases())
-        replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: list(bases)))
+        bases = request.bases()
+        replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: bases))
         if replica is None:
-            return passed
+            return Stage0Result(None, prompts)
         chosen = live_replica_id(replica, pool.replicas)
         if chosen is None:
             raise InvalidPromptError(

@@ -614,3 +614,54 @@ def test_images_differing_only_in_exif_image_id_are_different_records_with_diffe
     b = TextPrompt(prompt="<image>", multi_modal_data={"image": tagged})
     assert HASHER.key("image", plain) != HASHER.key("image", tagged)
     assert a != b
+
+
+# -- routing a reused template -----------------------------------------------------------------
+
+
+def _routed_keys(prompt: Any, hasher: MediaHasher = HASHER) -> tuple[str, ...]:
+    """The media keys the pool's policy was shown for ``prompt``."""
+    select = Recorder(0)
+    scope_stage0(prompt, pool=_pool(2, select), hasher=hasher)
+    return select.seen[0].media_keys
+
+
+def test_a_templates_routing_keys_are_derived_once_per_hasher(monkeypatch: pytest.MonkeyPatch) -> None:
+    import omni_requests._scoping as scoping
+
+    from ..conftest import record_calls
+
+    template = TextPrompt(
+        prompt="<image><image>",
+        multi_modal_data={"image": [image_array(1), image_array(2)]},
+        multi_modal_uuids={"image": ["cat", None]},
+    )
+    walked = record_calls(monkeypatch, scoping, "_derive", 0)
+    expected = ("cat", HASHER.content_key("image", image_array(2)))
+    for _ in range(3):  # records come back as records: no render walks the keys
+        assert _routed_keys(template) == expected
+    assert walked == [template]  # routing walked the media once; later requests read the memo
+    other = MediaHasher("/models/another-model")
+    assert _routed_keys(template, other) == ("cat", other.content_key("image", image_array(2))) != expected
+    assert len(walked) == 2  # one walk per hasher
+
+
+def test_routing_keys_follow_an_item_that_can_change_and_new_media() -> None:
+    # A palette image is kept as given, unsealed: its holder's writes reach the record, so
+    # the keys routing reads are derived again at every request, never remembered.
+    image = Image.new("P", (4, 4), 1)
+    image.putpalette([0, 0, 0, 255, 255, 255] * 128)
+    template = TextPrompt(prompt="<image>", multi_modal_data={"image": image})
+    assert template.multi_modal_data["image"][0] is image
+    before = _routed_keys(template)
+    image.putpixel((0, 0), 0)
+    assert _routed_keys(template) == (HASHER.content_key("image", image),) != before
+    # A copy of a routed template given other media routes by its own.
+    arrays = TextPrompt(prompt="<image>", multi_modal_data={"image": image_array(1)})
+    assert _routed_keys(arrays) == (HASHER.content_key("image", image_array(1)),)
+    for changed in (
+        arrays.replace_media({"image": image_array(2)}),
+        attrs.evolve(arrays, multi_modal_data={"image": image_array(2)}),
+        scope_to_replica(arrays, 1, hasher=HASHER).replace_media({"image": image_array(2)}),
+    ):
+        assert _routed_keys(changed) == (HASHER.content_key("image", image_array(2)),)
