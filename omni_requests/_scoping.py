@@ -401,7 +401,10 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
     # starts a fresh memo (field_copier), so no key outlives the items it was derived from.
     known = prompt._memo.get(id(scope))
     if known is not None and known[0] is scope:
-        return {m: list(keys) for m, keys in known[1]}
+        fresh = {}
+        for modality, keys in known[1]:  # a loop, not a comprehension: no frame of its own (3.11)
+            fresh[modality] = list(keys)
+        return fresh
     text = key_text(scope)
     rendered, fixed = _derive(prompt, scope.hasher, text.binds, text.user_key, text.content_key)
     if fixed:

@@ -128,11 +128,11 @@ def _single_to_vllm(prompt: SinglePrompt, plan: _Plan) -> VllmPrompt:
     out: VllmPrompt = {plan[0]: main}
     if data:
         # A record's arrays, sealed images and tensors go out as fresh hand-outs (see thaw);
-        # arrays alone, the common case, as fresh views of their twins, without a call.
-        out["multi_modal_data"] = {
-            m: list(map(_VIEW, out_as)) if type(out_as) is tuple else _handed_out(items, out_as)
-            for m, items, out_as in data
-        }
+        # arrays alone, the common case, as fresh views of their twins, without a call. A
+        # loop, not a comprehension: no frame of its own (3.11), on every request's path.
+        media = out["multi_modal_data"] = {}
+        for m, items, out_as in data:
+            media[m] = list(map(_VIEW, out_as)) if type(out_as) is tuple else _handed_out(items, out_as)
     uuids = rendered_uuids(prompt)
     if uuids is not None:
         out["multi_modal_uuids"] = uuids
