@@ -8,6 +8,7 @@ raises before a record exists, and ``attrs.evolve`` runs the same checks.
 
 from __future__ import annotations
 
+import math
 import operator
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -382,6 +383,30 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
                 raise PromptTypeError(
                     f"{where}[{i}][0]", f"{number} is not a waveform; give an array of samples"
                 )
+            _check_sample_rate(f"{where}[{i}][1]", item[1])
+
+
+# A sample rate: vLLM resamples the waveform from it to the model's rate (None: as it is).
+_RATES: Final = (int, float, np.integer, np.floating)
+
+
+def _check_sample_rate(where: str, rate: object) -> None:
+    """Refuses what vLLM's resampling fails on (0, below, NaN, infinite: with no field
+    named) or reads by accident (a str it compares as float(rate), a bool as 1 Hz)."""
+    if rate is None:
+        return
+    if isinstance(rate, bool) or not isinstance(rate, _RATES):
+        raise PromptTypeError(
+            where, f"a sample rate must be a number of samples per second, or None; got {type_name(rate)}"
+        )
+    # Read as the built-in value: a subclass's own comparisons could lie.
+    if isinstance(rate, int):
+        positive = int.__int__(rate) > 0
+    else:
+        value = float.__float__(rate) if isinstance(rate, float) else float(rate)
+        positive = 0.0 < value < math.inf  # NaN is neither
+    if not positive:
+        raise InvalidPromptError(where, f"a sample rate must be finite and above 0, got {rate!r}")
 
 
 def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:

@@ -711,6 +711,55 @@ def test_media_vllm_cannot_read_as_the_record_would_send_it_is_refused(
     assert TextPrompt(prompt="x", multi_modal_data={"thumb": b"kept"}).multi_modal_data["thumb"][0] == b"kept"
 
 
+class _LyingRate(float):
+    def __gt__(self, other: object) -> bool:
+        return True
+
+    def __lt__(self, other: object) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("rate", "error"),
+    [
+        (0, InvalidPromptError),
+        (0.0, InvalidPromptError),
+        (-0.0, InvalidPromptError),
+        (-16000, InvalidPromptError),
+        (np.int64(-1), InvalidPromptError),
+        (float("nan"), InvalidPromptError),
+        (np.float32("nan"), InvalidPromptError),
+        (float("inf"), InvalidPromptError),
+        (-float("inf"), InvalidPromptError),
+        (_LyingRate(-1.0), InvalidPromptError),
+        ("16000", PromptTypeError),
+        (True, PromptTypeError),
+        (np.bool_(True), PromptTypeError),
+        (np.array(16000.0), PromptTypeError),
+        ([16000], PromptTypeError),
+        (1 + 2j, PromptTypeError),
+    ],
+    ids=repr,
+)
+def test_an_audio_sample_rate_vllm_cannot_resample_from_is_refused_by_name(rate: object, error: type) -> None:
+    # vLLM resamples (waveform, rate) to the model's rate: 0, a negative rate, NaN or an
+    # infinite one fail there with an error naming no field; a str or a bool it reads
+    # as float(rate), by accident.
+    wave = np.zeros(16, np.float32)
+    item = (wave, rate)
+    with pytest.raises(error, match="a sample rate must be") as caught:
+        TextPrompt(prompt="<audio>", multi_modal_data={"audio": [wave, item]})
+    assert caught.value.path == "$.multi_modal_data.audio[1][1]"
+    assert item == (wave, rate) and item[0] is wave  # the caller's item, as given
+
+
+@pytest.mark.parametrize("rate", [16000, 44100.0, np.float32(8000), np.int16(22050), 0.5, None])
+def test_a_positive_finite_sample_rate_or_none_is_taken_as_given(rate: object) -> None:
+    record = TextPrompt(prompt="<audio>", multi_modal_data={"audio": (_WAVE, rate)})
+    (item,) = record.multi_modal_data["audio"]
+    assert item[1] == rate and type(item[1]) is type(rate)
+
+
 def test_an_image_file_that_cannot_be_decoded_is_refused_by_name() -> None:
     # Pillow decodes a file image on first use: the record decodes it when built, so a
     # truncated file fails there, with our error, not Pillow's OSError at the first key.

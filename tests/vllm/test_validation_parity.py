@@ -103,6 +103,11 @@ DIVERGENCES: dict[str, Divergence] = {
         "stricter", "vLLM checks 'prompt' only when there are no token ids, then passes it on as it is"
     ),
     "cache_salt_not_str": Divergence("stricter", "vLLM passes any truthy cache salt on"),
+    "audio_rate_not_a_number": Divergence(
+        "stricter",
+        "vLLM compares an audio's rate to the model's as float(rate): '16000' or a 0-d array passes "
+        "when it equals it, and fails in resampling when it does not",
+    ),
     "media_io_value_not_mapping": Divergence("stricter", "vLLM only hashes these options, whatever they are"),
     "bad_options_without_media": Divergence(
         "stricter", "vLLM never reads multi_modal_uuids or media options when there are no media"
@@ -265,6 +270,13 @@ def mutation(**needs: Any) -> Callable[[Mutation], Mutation]:
     return register
 
 
+def _models(needs: dict[str, Any]) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """The models a mutation applies to (``model=`` among its needs: one), and the rest of its needs."""
+    rest = dict(needs)
+    model = rest.pop("model", None)
+    return (MODELS if model is None else (model,)), rest
+
+
 def _modality(draw: st.DrawFn, case: Case, at_least: int = 1) -> str:
     return draw(st.sampled_from(sorted(m for m, n in case.counts.items() if n >= at_least)))
 
@@ -415,7 +427,24 @@ def media_io_kwargs_not_a_mapping(draw: st.DrawFn, case: Case) -> Outcome:
     return refused(PromptTypeError, "$.media_io_kwargs")
 
 
+@mutation(model="qwen2_audio", min_items=1)
+def audio_rate_not_positive(draw: st.DrawFn, case: Case) -> Outcome:
+    # vLLM resamples (waveform, rate) to the model's rate; its resamplers (torchaudio,
+    # scipy, soxr, pyav) all fail on these, with errors that name no field.
+    i = draw(st.integers(0, case.counts["audio"] - 1))
+    rate = draw(st.sampled_from([0, 0.0, -16000, -1.5, np.float32(0), np.nan, np.inf, -np.inf]))
+    case.items("audio")[i] = (draw(_wave), rate)
+    return refused(InvalidPromptError, f"$.multi_modal_data.audio[{i}][1]")
+
+
 # We refuse what vLLM takes (see DIVERGENCES).
+
+
+@mutation(model="qwen2_audio", min_items=1)
+def audio_rate_not_a_number(draw: st.DrawFn, case: Case) -> Outcome:
+    i = draw(st.integers(0, case.counts["audio"] - 1))
+    case.items("audio")[i] = (draw(_wave), draw(st.sampled_from(["16000", np.array(16000.0)])))
+    return stricter(PromptTypeError, f"$.multi_modal_data.audio[{i}][1]")
 
 
 @mutation()
@@ -666,7 +695,8 @@ def _from_vllm(prompt: object) -> tuple[Any, OmniRequestsError | None]:
 
 def _check(name: str, data: st.DataObject, tiny_models: dict[str, TinyModel], boundary: Any) -> None:
     needs, edit = MUTATIONS[name]
-    model_name = data.draw(st.sampled_from(MODELS), label="model")
+    models, needs = _models(needs)
+    model_name = data.draw(st.sampled_from(models), label="model")
     renderer, processor = boundary[model_name]
     case = data.draw(cases(tiny_models[model_name], renderer.get_tokenizer(), **needs), label="valid prompt")
     expected = edit(data.draw, case)
@@ -725,12 +755,13 @@ def test_from_vllm_agrees_with_vllms_boundary(
 
 def _declared_outcome(name: str, tiny_models: dict[str, TinyModel], boundary: Any) -> Outcome:
     needs, edit = MUTATIONS[name]
+    models, needs = _models(needs)
     seen: list[Outcome] = []
 
     @settings(max_examples=1, deadline=None, database=None)
     @given(data=st.data())
     def draw_one(data: st.DataObject) -> None:
-        model = tiny_models[data.draw(st.sampled_from(MODELS))]
+        model = tiny_models[data.draw(st.sampled_from(models))]
         case = data.draw(cases(model, boundary[model.name][0].get_tokenizer(), **needs))
         seen.append(edit(data.draw, case))
 
