@@ -140,9 +140,17 @@ def unsealed() -> _Unsealed:
 
 class _Unsealed:
     # A class, not a generator-based context manager: every routed request enters one.
-    __slots__ = ("_sealing", "_shared")
+    # Entered once, as a generator's would be: a second entry (nested, or from another
+    # thread) would lose the first one's tokens, and leave the block's state set.
+    __slots__ = ("_entered", "_sealing", "_shared")
+
+    def __init__(self) -> None:
+        self._entered = False
 
     def __enter__(self) -> None:
+        if self._entered:
+            raise RuntimeError("an unsealed block is entered once: call unsealed() for each block")
+        self._entered = True
         self._sealing = _SEALING.set(False)
         self._shared = _ONE_CALL.set({})
 

@@ -113,10 +113,27 @@ def live_replica_id(chosen: object, live: Sequence[int]) -> int | None:
 
 
 # Remembered: a deployment routes the same few keys (a template's media) over the same
-# replicas again and again, and a hit costs a twentieth of a digest. Bounded.
-@functools.lru_cache(maxsize=8192)
+# replicas again and again, and a hit costs a fraction of a digest. Only a plain str of
+# at most a content key's size or so and a plain int: no caller's long UUID is kept alive,
+# and no value that equals another (1.0, True) but reads as other text shares its entry.
+_SCORES: Final[dict[tuple[str, int], int]] = {}
+_MAX_SCORES: Final = 8192
+_MAX_REMEMBERED_KEY: Final = 256
+
+
 def _score(key: str, replica: int) -> int:
     """A replica's rendezvous weight for ``key``: stable across processes and runs."""
+    if type(key) is not str or type(replica) is not int or len(key) > _MAX_REMEMBERED_KEY:
+        return _weight(key, replica)
+    found = _SCORES.get((key, replica))
+    if found is None:
+        if len(_SCORES) >= _MAX_SCORES:
+            _SCORES.clear()
+        found = _SCORES[(key, replica)] = _weight(key, replica)
+    return found
+
+
+def _weight(key: str, replica: int) -> int:
     # surrogatepass: any str routes (a key with a lone surrogate is refused elsewhere, by name).
     data = f"{replica}\x00{key}".encode("utf-8", "surrogatepass")
     digest = hashlib.blake2b(data, digest_size=_SCORE_BYTES).digest()

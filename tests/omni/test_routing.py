@@ -179,3 +179,21 @@ def test_media_keys_are_a_sequence_of_str_kept_once_each() -> None:
     assert RouteRequest("r", [0, 1], ["b", "a", "b"]).media_keys == ("b", "a")
     with pytest.raises(TypeError, match="media_keys must be a sequence of str"):
         Stage0Balancer(CacheAffinity()).select({"request_id": "r", "media_keys": "cat-video"}, [0, 1])
+
+
+def test_rendezvous_weights_are_remembered_only_for_short_keys_and_plain_ids() -> None:
+    # Remembered weights must be the weights: a replica id that equals another (1.0,
+    # True) but reads as other text gets its own, in any order, and a long user UUID is
+    # weighed each time instead of being kept alive by the cache.
+    from omni_requests_omni import _routing
+
+    _routing._SCORES.clear()
+    for ids in ([1, 1.0, True], [True, 1.0, 1]):
+        assert [_routing._score("cat", r) for r in ids] == [_routing._weight("cat", r) for r in ids]  # type: ignore[arg-type]
+        _routing._SCORES.clear()
+    assert len({_routing._weight("cat", r) for r in (1, 1.0, True)}) == 3  # type: ignore[arg-type]
+    long_key = "u" * (1 << 20)
+    policy = CacheAffinity()
+    home = policy(RouteRequest(None, [0, 1, 2, 3], [long_key, "cat"]))
+    assert home == policy(RouteRequest(None, [0, 1, 2, 3], [long_key, "cat"]))
+    assert {key for key, _ in _routing._SCORES} == {"cat"}

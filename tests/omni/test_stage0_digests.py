@@ -399,3 +399,46 @@ def test_a_distributed_pool_that_cannot_preselect_leaves_the_prompt_unscoped(poo
     finally:
         installed.uninstall()
     assert replica is None and "multi_modal_uuids" not in sent  # as vllm-omni: nothing scoped
+
+
+def _palette_image() -> Image.Image:
+    image = Image.new("P", (4, 4), 1)
+    image.putpalette([0, 0, 0, 255, 255, 255] * 128)
+    return image
+
+
+def test_a_request_block_is_entered_once_and_leaves_nothing_behind() -> None:
+    # one_request and unsealed are entered on every routed request. Entered a second
+    # time (nested, or by another thread) a block would share its request's digests and
+    # lose its first entry's state; it is refused, before anything changes.
+    from omni_requests import rendered_uuids
+    from omni_requests._adapter_api import one_request, unsealed
+
+    image = _palette_image()  # kept unsealed by records: keyed at every render
+    scoped = scope_to_replica(
+        TextPrompt(prompt="<image>", multi_modal_data={"image": image}), 0, hasher=PLAIN
+    )
+    block = one_request(PLAIN)
+    with block:
+        first = rendered_uuids(scoped)
+        with pytest.raises(RuntimeError, match="entered once"), block:
+            pass
+        image.putpixel((0, 0), 0)
+        assert rendered_uuids(scoped) == first  # the request's digest, reused within it
+    assert rendered_uuids(scoped) != first  # and not after it
+    with pytest.raises(RuntimeError, match="entered once"), block:
+        pass
+
+    photo = Image.new("RGB", (4, 4), (1, 2, 3))
+    kept = unsealed()
+    with kept:
+        assert (
+            TextPrompt(prompt="<image>", multi_modal_data={"image": photo}).multi_modal_data["image"][0]
+            is photo
+        )
+        with pytest.raises(RuntimeError, match="entered once"), kept:
+            pass
+    assert (
+        TextPrompt(prompt="<image>", multi_modal_data={"image": photo}).multi_modal_data["image"][0]
+        is not photo
+    )
