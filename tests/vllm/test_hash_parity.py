@@ -26,6 +26,7 @@ pytest.importorskip("vllm", reason=VLLM_MISSING)
 
 import io
 import logging
+import math
 import pickle
 from collections.abc import Iterator
 from typing import Any
@@ -152,6 +153,12 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
         with pytest.raises(PromptTypeError, match=r"audio item|not a waveform"):
             _in_a_record(modality, item)
         return
+    if modality == "audio" and isinstance(item, tuple) and _not_a_rate(item[1]):
+        # Records refuse a rate vLLM cannot resample from, or reads by accident (a str, a
+        # bool: test_records.py); its hasher keys it.
+        with pytest.raises((PromptTypeError, InvalidPromptError), match="a sample rate must be"):
+            _in_a_record(modality, item)
+        return
     if isinstance(item, (str, bytes, memoryview)) and modality in ("image", "video", "audio"):
         # Records refuse a str or bytes as an image, video or audio item: vLLM's renderer
         # refuses it or reads its characters as items (test_records.py); its hasher keys it.
@@ -167,6 +174,15 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
     assert hasher.key(modality, frozen) == expected
     assert hasher.key(modality, frozen) == expected  # again: cached where the bytes are frozen
     assert _vllm_key(hasher, modality, sent) == expected  # vLLM on the record's dict
+
+
+def _not_a_rate(rate: object) -> bool:
+    """Whether an audio tuple's rate is neither None nor a finite number above 0."""
+    if rate is None:
+        return False
+    if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, (int, float, np.integer, np.floating)):
+        return True
+    return not 0 < float(rate) < math.inf
 
 
 modalities = st.sampled_from(("image", "video", "audio"))
