@@ -250,6 +250,8 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
             for i, item in enumerate(items)
         ]
     )
+    if modality == "image":  # once frozen: what a container holds is checked by then
+        _check_no_image_containers(where, items, vector)
     _OWN_VECTORS.put(vector, modality)
     return vector
 
@@ -314,10 +316,62 @@ def _check_no_number_frames(where: str, video: object) -> None:
             )
 
 
+def _shape(value: object) -> tuple[int, ...] | None:
+    """An array's or tensor's shape as numpy or torch reads it (a record's own array as
+    made), a PIL image's as (height, width); None for anything else."""
+    if isinstance(value, np.ndarray):
+        return _SHAPE(as_made(value))  # type: ignore[no-any-return]
+    if media_kind(value) is MediaKind.TENSOR:
+        return tuple(int(side) for side in value.shape)  # type: ignore[attr-defined]
+    if is_pil_image(value):
+        return (value.height, value.width)  # type: ignore[attr-defined]
+    return None
+
+
+_SHAPE: Final = np.ndarray.shape.__get__
+
+
+def _check_no_image_containers(where: str, given: Sequence[object], items: Sequence[object]) -> None:
+    # vLLM's parser passes a dict, or a list of numbers, on as an image; the model's
+    # processor fails on it after routing, with an error that names no field. (A list of
+    # images is the model's to read: Qwen2-VL's processor flattens it, LLaVA's refuses it.
+    # One that is also an image or a tensor, or holds an embedding item, was refused
+    # where it was frozen.)
+    for i, item in enumerate(items):  # frozen: a list is a PVector, a dict a FrozenDict
+        if _shape(item) is not None or isinstance(item, EmbeddingFields):
+            continue
+        if isinstance(item, Mapping) or (isinstance(item, (tuple, PVector)) and not _holds_media(item)):
+            raise PromptTypeError(
+                f"{where}[{i}]",
+                f"a {type_name(given[i])} {'' if isinstance(item, Mapping) else 'of no image '}is not "
+                "an image (vLLM's processor fails on it); give each image as an array, a tensor or "
+                "a PIL image",
+            )
+
+
+def _holds_media(value: object) -> bool:
+    """Whether a frozen container holds an array, tensor or PIL image at any depth."""
+    if _shape(value) is not None:
+        return True
+    if isinstance(value, (tuple, PVector)):
+        return any(_holds_media(element) for element in value)
+    if isinstance(value, Mapping):
+        return any(_holds_media(element) for element in value.values())
+    return False
+
+
 def _check_images_parse(where: str, items: Sequence[object]) -> None:
-    # vLLM's parser turns every image into RGB before anything else reads it; one it
-    # cannot turn fails there, after routing, whatever key the record gave it.
+    # vLLM's parser passes an image without pixels on to the model's processor, which
+    # fails on it after routing, with an error that names no field; and it turns every
+    # image into RGB before anything else reads it, so one it cannot turn fails there,
+    # whatever key the record gave it.
     for i, item in enumerate(items):
+        shape = _shape(item)
+        if shape is not None and 0 in shape:
+            raise InvalidPromptError(
+                f"{where}[{i}]",
+                f"an image of shape {shape} has no pixels, which vLLM's processor fails on",
+            )
         if not is_pil_image(item):
             continue
         error = rgb_conversion_error(item)

@@ -234,7 +234,8 @@ def test_unsigned_tensors_torch_cannot_pickle_pickle_with_their_dtype_and_key(
     big = torch.full((3, 2), 40_000, dtype=torch.int64).to(getattr(torch, dtype))
     record = TextPrompt(
         prompt="x",
-        multi_modal_data={"image": [big, big.T, torch.zeros((0, 2), dtype=big.dtype)]},
+        # An empty tensor is no image (no pixels): a custom modality holds it.
+        multi_modal_data={"image": [big, big.T], "mask": [torch.zeros((0, 2), dtype=big.dtype)]},
         mm_processor_kwargs={"mask": big},  # an option: the caller's tensor, kept as given
     )
     again = pickle.loads(pickle.dumps(record, protocol))

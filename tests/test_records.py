@@ -6,6 +6,7 @@ import dataclasses
 import io
 import pickle
 import re
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -758,6 +759,54 @@ def test_a_positive_finite_sample_rate_or_none_is_taken_as_given(rate: object) -
     record = TextPrompt(prompt="<audio>", multi_modal_data={"audio": (_WAVE, rate)})
     (item,) = record.multi_modal_data["audio"]
     assert item[1] == rate and type(item[1]) is type(rate)
+
+
+def _tensor_without_pixels() -> Any:
+    torch = pytest.importorskip("torch")
+    return torch.zeros(3, 0, 4)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "match"),
+    [
+        (lambda: [[0, 0, 0]] * 4, PromptTypeError, "a list of no image is not an image"),
+        (lambda: (1, 2, 3), PromptTypeError, "a tuple of no image is not an image"),
+        (lambda: [], PromptTypeError, "a list of no image is not an image"),
+        (lambda: {"pixels": np.zeros((2, 2, 3), np.uint8)}, PromptTypeError, "a dict is not an image"),
+        (lambda: Image.new("RGB", (0, 4)), InvalidPromptError, r"shape \(4, 0\) has no pixels"),
+        (lambda: Image.new("L", (0, 0)), InvalidPromptError, r"shape \(0, 0\) has no pixels"),
+        (lambda: np.zeros((0, 4, 3), np.uint8), InvalidPromptError, r"shape \(0, 4, 3\) has no pixels"),
+        (lambda: np.zeros((4, 4, 0), np.uint8), InvalidPromptError, "has no pixels"),
+        (_tensor_without_pixels, InvalidPromptError, r"shape \(3, 0, 4\) has no pixels"),
+    ],
+    ids=[
+        "nested-list",
+        "tuple",
+        "empty-list",
+        "dict",
+        "pil-0-wide",
+        "pil-0x0",
+        "array-0-high",
+        "array-0-channels",
+        "tensor",
+    ],
+)
+def test_an_image_item_the_models_processor_fails_on_is_refused_by_name(
+    make: Callable[[], object], error: type, match: str
+) -> None:
+    # vLLM's parser passes such an item on, and the model's processor fails on it after
+    # routing, with an error that names no field (tests/vllm/test_validation_parity.py).
+    item = make()
+    with pytest.raises(error, match=match) as caught:
+        TextPrompt(prompt="<image><image>", multi_modal_data={"image": [np.zeros((2, 2, 3), np.uint8), item]})
+    assert caught.value.path == "$.multi_modal_data.image[1]"
+    # Under a modality of its own a record takes it as it is; a one-pixel image is an
+    # image, and a list of images is the model's to read (Qwen2-VL's processor takes it).
+    assert (
+        TextPrompt(prompt="x", multi_modal_data={"layout": [item]}).multi_modal_data["layout"][0] is not None
+    )
+    TextPrompt(prompt="<image>", multi_modal_data={"image": [[np.zeros((2, 2, 3), np.uint8)]]})
+    TextPrompt(prompt="<image>", multi_modal_data={"image": [Image.new("RGB", (1, 1))]})
 
 
 def test_an_image_file_that_cannot_be_decoded_is_refused_by_name() -> None:

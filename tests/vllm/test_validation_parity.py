@@ -427,6 +427,42 @@ def media_io_kwargs_not_a_mapping(draw: st.DrawFn, case: Case) -> Outcome:
     return refused(PromptTypeError, "$.media_io_kwargs")
 
 
+def _bad_image(draw: st.DrawFn, case: Case, bad: object) -> int:
+    """Puts ``bad`` among the prompt's images (as the only one where it has none); its index."""
+    if case.counts.get("image", 0) >= 1:
+        i = draw(st.integers(0, case.counts["image"] - 1))
+        case.items("image")[i] = bad
+        return i
+    case.data["image"] = [bad]
+    case.uuids.pop("image", None)
+    return 0
+
+
+@mutation()
+def image_item_a_container(draw: st.DrawFn, case: Case) -> Outcome:
+    # vLLM's parser passes a dict, or a list of numbers, on as an image; the model's
+    # processor fails on it, with an error that names no field. Records refuse it by name.
+    # (A list of images is the model's to read: Qwen2-VL's processor flattens it.)
+    pixels = np.zeros((28, 28, 3), np.uint8)
+    bad = draw(st.sampled_from([pixels.tolist(), [], (1, 2), {"pixels": pixels}]))
+    return refused(PromptTypeError, f"$.multi_modal_data.image[{_bad_image(draw, case, bad)}]")
+
+
+@mutation()
+def image_item_without_pixels(draw: st.DrawFn, case: Case) -> Outcome:
+    bad = draw(
+        st.sampled_from(
+            [
+                Image.new("RGB", (0, 28)),
+                Image.new("RGB", (28, 0)),
+                np.zeros((0, 28, 3), np.uint8),
+                torch.zeros(28, 0, 3),
+            ]
+        )
+    )
+    return refused(InvalidPromptError, f"$.multi_modal_data.image[{_bad_image(draw, case, bad)}]")
+
+
 @mutation(model="qwen2_audio", min_items=1)
 def audio_rate_not_positive(draw: st.DrawFn, case: Case) -> Outcome:
     # vLLM resamples (waveform, rate) to the model's rate; its resamplers (torchaudio,
