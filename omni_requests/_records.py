@@ -314,17 +314,33 @@ def _check_no_number_frames(where: str, video: object) -> None:
             raise PromptTypeError(
                 f"{where}[{j}]", f"{number} is not a video frame; give an image or a 3-D array"
             )
+    # Nor on a video without pixels: no frames, or frames with a side of 0.
+    shape = _shape(frames)
+    if (shape is not None and 0 in shape) or (isinstance(frames, (list, PVector)) and not frames):
+        what = "a video of no frames" if shape is None else f"a video of shape {shape} has no pixels"
+        raise InvalidPromptError(where, f"{what}, which vLLM's processor fails on")
+    for j, frame in enumerate(frames if isinstance(frames, (list, PVector)) else ()):
+        shape = _shape(frame)
+        if shape is not None and 0 in shape:
+            raise InvalidPromptError(
+                f"{where}[{j}]", f"a frame of shape {shape} has no pixels, which vLLM's processor fails on"
+            )
 
 
 def _shape(value: object) -> tuple[int, ...] | None:
     """An array's or tensor's shape as numpy or torch reads it (a record's own array as
-    made), a PIL image's as (height, width); None for anything else."""
+    made), a PIL image's as (height, width); None for anything else, and for a tensor or
+    image whose sizes cannot be read as ints (a nested tensor, a subclass that raises or
+    lies): freezing it refuses what must be refused."""
     if isinstance(value, np.ndarray):
         return _SHAPE(as_made(value))  # type: ignore[no-any-return]
-    if media_kind(value) is MediaKind.TENSOR:
-        return tuple(int(side) for side in value.shape)  # type: ignore[attr-defined]
-    if is_pil_image(value):
-        return (value.height, value.width)  # type: ignore[attr-defined]
+    try:
+        if media_kind(value) is MediaKind.TENSOR:
+            return tuple(int.__index__(side) for side in value.shape)  # type: ignore[attr-defined]
+        if is_pil_image(value):
+            return (int.__index__(value.height), int.__index__(value.width))  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - whatever a subclass's properties raise
+        return None
     return None
 
 
@@ -340,23 +356,29 @@ def _check_no_image_containers(where: str, given: Sequence[object], items: Seque
     for i, item in enumerate(items):  # frozen: a list is a PVector, a dict a FrozenDict
         if _shape(item) is not None or isinstance(item, EmbeddingFields):
             continue
+        name = "list" if isinstance(given[i], PVector) else type_name(given[i])
         if isinstance(item, Mapping) or (isinstance(item, (tuple, PVector)) and not _holds_media(item)):
             raise PromptTypeError(
                 f"{where}[{i}]",
-                f"a {type_name(given[i])} {'' if isinstance(item, Mapping) else 'of no image '}is not "
-                "an image (vLLM's processor fails on it); give each image as an array, a tensor or "
-                "a PIL image",
+                f"a {name} {'' if isinstance(item, Mapping) else 'of no image '}is not an image "
+                "(vLLM's processor fails on it); give each image as an array, a tensor or a PIL image",
+            )
+        if isinstance(item, (tuple, PVector)) and _holds_media(item, empty=True):
+            raise InvalidPromptError(
+                f"{where}[{i}]", f"a {name} holding an image without pixels, which vLLM's processor fails on"
             )
 
 
-def _holds_media(value: object) -> bool:
-    """Whether a frozen container holds an array, tensor or PIL image at any depth."""
-    if _shape(value) is not None:
-        return True
+def _holds_media(value: object, *, empty: bool = False) -> bool:
+    """Whether a frozen container holds an array, tensor or PIL image at any depth (with
+    ``empty``: one with a side of 0)."""
+    shape = _shape(value)
+    if shape is not None:
+        return not empty or 0 in shape
     if isinstance(value, (tuple, PVector)):
-        return any(_holds_media(element) for element in value)
+        return any(_holds_media(element, empty=empty) for element in value)
     if isinstance(value, Mapping):
-        return any(_holds_media(element) for element in value.values())
+        return any(_holds_media(element, empty=empty) for element in value.values())
     return False
 
 
@@ -438,6 +460,13 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
                     f"{where}[{i}][0]", f"{number} is not a waveform; give an array of samples"
                 )
             _check_sample_rate(f"{where}[{i}][1]", item[1])
+        waveform, at = (item[0], f"{where}[{i}][0]") if isinstance(item, tuple) else (item, f"{where}[{i}]")
+        # vLLM's processor fails on a waveform without samples (and the model decides how
+        # few it takes: Qwen2-Audio's refuses one sample too).
+        shape = _shape(waveform)
+        if (shape is not None and 0 in shape) or (isinstance(waveform, (list, PVector)) and not waveform):
+            what = f"a waveform of shape {shape} has no samples" if shape else "an empty list of samples"
+            raise InvalidPromptError(at, f"{what}, which vLLM's processor fails on")
 
 
 # A sample rate: vLLM resamples the waveform from it to the model's rate (None: as it is).
@@ -445,22 +474,33 @@ _RATES: Final = (int, float, np.integer, np.floating)
 
 
 def _check_sample_rate(where: str, rate: object) -> None:
-    """Refuses what vLLM's resampling fails on (0, below, NaN, infinite: with no field
-    named) or reads by accident (a str it compares as float(rate), a bool as 1 Hz)."""
+    """Refuses what vLLM's resampling fails on (a rate that rounds to 0 or below, NaN,
+    infinite: with no field named) or reads by accident (a str it compares as
+    float(rate), a bool as 1 Hz, a timedelta)."""
     if rate is None:
         return
-    if isinstance(rate, bool) or not isinstance(rate, _RATES):
+    if isinstance(rate, (bool, np.timedelta64)) or not isinstance(rate, _RATES):
         raise PromptTypeError(
             where, f"a sample rate must be a number of samples per second, or None; got {type_name(rate)}"
         )
-    # Read as the built-in value: a subclass's own comparisons could lie.
-    if isinstance(rate, int):
-        positive = int.__int__(rate) > 0
-    else:
-        value = float.__float__(rate) if isinstance(rate, float) else float(rate)
-        positive = 0.0 < value < math.inf  # NaN is neither
-    if not positive:
-        raise InvalidPromptError(where, f"a sample rate must be finite and above 0, got {rate!r}")
+    # Read as the built-in value: a subclass's own comparisons could lie, and a numpy
+    # scalar subclass's conversion could raise.
+    try:
+        if isinstance(rate, int):
+            value: float = int.__int__(rate)
+        else:
+            value = float.__float__(rate) if isinstance(rate, float) else float(rate)
+    except (TypeError, ValueError, OverflowError) as error:
+        raise PromptTypeError(
+            where,
+            f"a sample rate must be a number of samples per second; this {type_name(rate)} "
+            f"cannot be read as one ({type(error).__name__}: {error})",
+        ) from None
+    # vLLM's resamplers read the rate as int(round(rate)): 0.5 resamples from 0 Hz.
+    if not (0.0 < value < math.inf and round(value) >= 1):  # NaN fails the first
+        raise InvalidPromptError(
+            where, f"a sample rate must be finite and at least 1 once rounded, got {rate!r}"
+        )
 
 
 def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:

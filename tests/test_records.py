@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import pickle
@@ -165,7 +166,8 @@ def test_a_records_own_arrays_are_shared_without_a_copy_and_a_callers_are_copied
     ids=["strided-big-endian", "masked", "empty", "structured"],
 )
 def test_frozen_copies_keep_dtype_shape_and_values(array: np.ndarray[Any, Any]) -> None:
-    stored = TextPrompt(prompt="x", multi_modal_data={"audio": [array]}).multi_modal_data["audio"][0]
+    # A modality of its own: an empty array is no audio (no samples), and a record takes it here.
+    stored = TextPrompt(prompt="x", multi_modal_data={"signal": [array]}).multi_modal_data["signal"][0]
     assert type(stored) is np.ndarray and stored.dtype == array.dtype and stored.shape == array.shape
     assert stored.tobytes() == np.asarray(array).tobytes() and stored.flags.c_contiguous
 
@@ -712,6 +714,11 @@ def test_media_vllm_cannot_read_as_the_record_would_send_it_is_refused(
     assert TextPrompt(prompt="x", multi_modal_data={"thumb": b"kept"}).multi_modal_data["thumb"][0] == b"kept"
 
 
+class _RaisingFloat32(np.float32):
+    def __float__(self) -> float:
+        raise ValueError("no float")
+
+
 class _LyingRate(float):
     def __gt__(self, other: object) -> bool:
         return True
@@ -725,6 +732,10 @@ class _LyingRate(float):
     [
         (0, InvalidPromptError),
         (0.0, InvalidPromptError),
+        (0.5, InvalidPromptError),  # vLLM's resamplers read int(round(rate)): 0
+        (5e-324, InvalidPromptError),
+        (np.timedelta64(5, "s"), PromptTypeError),  # numpy counts it an integer
+        (_RaisingFloat32(16000), PromptTypeError),
         (-0.0, InvalidPromptError),
         (-16000, InvalidPromptError),
         (np.int64(-1), InvalidPromptError),
@@ -754,7 +765,7 @@ def test_an_audio_sample_rate_vllm_cannot_resample_from_is_refused_by_name(rate:
     assert item == (wave, rate) and item[0] is wave  # the caller's item, as given
 
 
-@pytest.mark.parametrize("rate", [16000, 44100.0, np.float32(8000), np.int16(22050), 0.5, None])
+@pytest.mark.parametrize("rate", [16000, 44100.0, np.float32(8000), np.int16(22050), 0.6, None])
 def test_a_positive_finite_sample_rate_or_none_is_taken_as_given(rate: object) -> None:
     record = TextPrompt(prompt="<audio>", multi_modal_data={"audio": (_WAVE, rate)})
     (item,) = record.multi_modal_data["audio"]
@@ -778,6 +789,11 @@ def _tensor_without_pixels() -> Any:
         (lambda: np.zeros((0, 4, 3), np.uint8), InvalidPromptError, r"shape \(0, 4, 3\) has no pixels"),
         (lambda: np.zeros((4, 4, 0), np.uint8), InvalidPromptError, "has no pixels"),
         (_tensor_without_pixels, InvalidPromptError, r"shape \(3, 0, 4\) has no pixels"),
+        (
+            lambda: [Image.new("RGB", (2, 2)), Image.new("RGB", (0, 28))],
+            InvalidPromptError,
+            "a list holding an image without pixels",
+        ),
     ],
     ids=[
         "nested-list",
@@ -789,6 +805,7 @@ def _tensor_without_pixels() -> Any:
         "array-0-high",
         "array-0-channels",
         "tensor",
+        "list-holding-one",
     ],
 )
 def test_an_image_item_the_models_processor_fails_on_is_refused_by_name(
@@ -807,6 +824,55 @@ def test_an_image_item_the_models_processor_fails_on_is_refused_by_name(
     )
     TextPrompt(prompt="<image>", multi_modal_data={"image": [[np.zeros((2, 2, 3), np.uint8)]]})
     TextPrompt(prompt="<image>", multi_modal_data={"image": [Image.new("RGB", (1, 1))]})
+
+
+@pytest.mark.parametrize(
+    ("modality", "item", "path", "match"),
+    [
+        ("video", np.zeros((0, 4, 4, 3), np.uint8), "[1]", r"a video of shape \(0, 4, 4, 3\) has no pixels"),
+        ("video", np.zeros((2, 4, 0, 3), np.uint8), "[1]", "has no pixels"),
+        ("video", [], "[1]", "a video of no frames"),
+        ("video", ([], {"fps": 2.0}), "[1][0]", "a video of no frames"),
+        ("video", [Image.new("RGB", (0, 0))], "[1][0]", r"a frame of shape \(0, 0\) has no pixels"),
+        ("audio", np.zeros(0, np.float32), "[1]", r"a waveform of shape \(0,\) has no samples"),
+        ("audio", (np.zeros(0, np.float32), 16000), "[1][0]", "has no samples"),
+        ("audio", [], "[1]", "an empty list of samples"),
+    ],
+    ids=[
+        "video-0-frames",
+        "video-0-wide",
+        "no-frames",
+        "no-frames-with-metadata",
+        "0x0-frame",
+        "audio",
+        "audio-tuple",
+        "audio-list",
+    ],
+)
+def test_a_video_or_audio_without_pixels_or_samples_is_refused_by_name(
+    modality: str, item: object, path: str, match: str
+) -> None:
+    # vLLM's processor fails on it after routing (tests/vllm/test_validation_parity.py).
+    valid = {"video": np.zeros((2, 4, 4, 3), np.uint8), "audio": np.zeros(8, np.float32)}[modality]
+    with pytest.raises(InvalidPromptError, match=match) as caught:
+        TextPrompt(prompt="x", multi_modal_data={modality: [valid, item]})
+    assert caught.value.path == f"$.multi_modal_data.{modality}{path}"
+
+
+class _SizeRaises(Image.Image):
+    @property
+    def height(self) -> int:  # type: ignore[override]
+        raise ValueError("height")
+
+
+def test_an_image_whose_sizes_cannot_be_read_raises_no_foreign_error() -> None:
+    # The pixel check reads sizes a subclass may break; what it cannot read is left to
+    # the freezing, which reads the image's own data: no ValueError escapes.
+    image = _SizeRaises()
+    image.im = Image.new("RGB", (2, 2)).im
+    image._mode, image._size = "RGB", (2, 2)
+    with contextlib.suppress(OmniRequestsError):
+        TextPrompt(prompt="<image>", multi_modal_data={"image": [image]})
 
 
 def test_an_image_file_that_cannot_be_decoded_is_refused_by_name() -> None:

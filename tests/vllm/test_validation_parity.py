@@ -427,14 +427,15 @@ def media_io_kwargs_not_a_mapping(draw: st.DrawFn, case: Case) -> Outcome:
     return refused(PromptTypeError, "$.media_io_kwargs")
 
 
-def _bad_image(draw: st.DrawFn, case: Case, bad: object) -> int:
-    """Puts ``bad`` among the prompt's images (as the only one where it has none); its index."""
-    if case.counts.get("image", 0) >= 1:
-        i = draw(st.integers(0, case.counts["image"] - 1))
-        case.items("image")[i] = bad
+def _bad_item(draw: st.DrawFn, case: Case, modality: str, bad: object) -> int:
+    """Puts ``bad`` among the prompt's items of ``modality`` (as the only one where it has
+    none: vLLM then refuses the placeholder count too); its index."""
+    if case.counts.get(modality, 0) >= 1:
+        i = draw(st.integers(0, case.counts[modality] - 1))
+        case.items(modality)[i] = bad
         return i
-    case.data["image"] = [bad]
-    case.uuids.pop("image", None)
+    case.data[modality] = [bad]
+    case.uuids.pop(modality, None)
     return 0
 
 
@@ -445,7 +446,7 @@ def image_item_a_container(draw: st.DrawFn, case: Case) -> Outcome:
     # (A list of images is the model's to read: Qwen2-VL's processor flattens it.)
     pixels = np.zeros((28, 28, 3), np.uint8)
     bad = draw(st.sampled_from([pixels.tolist(), [], (1, 2), {"pixels": pixels}]))
-    return refused(PromptTypeError, f"$.multi_modal_data.image[{_bad_image(draw, case, bad)}]")
+    return refused(PromptTypeError, f"$.multi_modal_data.image[{_bad_item(draw, case, 'image', bad)}]")
 
 
 @mutation()
@@ -460,7 +461,24 @@ def image_item_without_pixels(draw: st.DrawFn, case: Case) -> Outcome:
             ]
         )
     )
-    return refused(InvalidPromptError, f"$.multi_modal_data.image[{_bad_image(draw, case, bad)}]")
+    return refused(InvalidPromptError, f"$.multi_modal_data.image[{_bad_item(draw, case, 'image', bad)}]")
+
+
+@mutation(model="qwen2_vl")
+def video_without_pixels(draw: st.DrawFn, case: Case) -> Outcome:
+    # The model's processor fails on a video of no frames or of empty frames, naming no field.
+    bad = draw(st.sampled_from([np.zeros((0, 28, 28, 3), np.uint8), np.zeros((2, 28, 0, 3), np.uint8), []]))
+    return refused(InvalidPromptError, f"$.multi_modal_data.video[{_bad_item(draw, case, 'video', bad)}]")
+
+
+@mutation(model="qwen2_audio", min_items=1)
+def audio_without_samples(draw: st.DrawFn, case: Case) -> Outcome:
+    i = draw(st.integers(0, case.counts["audio"] - 1))
+    bad = draw(st.sampled_from([np.zeros(0, np.float32), (np.zeros(0, np.float32), 16000)]))
+    case.items("audio")[i] = bad
+    return refused(
+        InvalidPromptError, f"$.multi_modal_data.audio[{i}]" + ("[0]" if isinstance(bad, tuple) else "")
+    )
 
 
 @mutation(model="qwen2_audio", min_items=1)
