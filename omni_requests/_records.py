@@ -308,23 +308,28 @@ def _check_no_number_frames(where: str, video: object) -> None:
         raise PromptTypeError(
             where, f"{number} is not a video's frames; give a 4-D array or a list of frames"
         )
+    # Nor on a video without pixels: no frames, or frames with a side of 0.
+    if _empty(frames):
+        shape = _shape(frames)
+        what = "a video of no frames" if shape is None else f"a video of shape {shape} has no pixels"
+        raise InvalidPromptError(where, f"{what}, which vLLM's processor fails on")
     for j, frame in enumerate(frames if isinstance(frames, (list, PVector)) else ()):
         number = _number(frame)
         if number:
             raise PromptTypeError(
                 f"{where}[{j}]", f"{number} is not a video frame; give an image or a 3-D array"
             )
-    # Nor on a video without pixels: no frames, or frames with a side of 0.
-    shape = _shape(frames)
-    if (shape is not None and 0 in shape) or (isinstance(frames, (list, PVector)) and not frames):
-        what = "a video of no frames" if shape is None else f"a video of shape {shape} has no pixels"
-        raise InvalidPromptError(where, f"{what}, which vLLM's processor fails on")
-    for j, frame in enumerate(frames if isinstance(frames, (list, PVector)) else ()):
         shape = _shape(frame)
         if shape is not None and 0 in shape:
             raise InvalidPromptError(
                 f"{where}[{j}]", f"a frame of shape {shape} has no pixels, which vLLM's processor fails on"
             )
+
+
+def _empty(value: object) -> bool:
+    """Whether an array, tensor or image has a side of 0, or a list holds nothing."""
+    shape = _shape(value)
+    return (shape is not None and 0 in shape) or (isinstance(value, (list, PVector)) and not value)
 
 
 def _shape(value: object) -> tuple[int, ...] | None:
@@ -463,8 +468,8 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
         waveform, at = (item[0], f"{where}[{i}][0]") if isinstance(item, tuple) else (item, f"{where}[{i}]")
         # vLLM's processor fails on a waveform without samples (and the model decides how
         # few it takes: Qwen2-Audio's refuses one sample too).
-        shape = _shape(waveform)
-        if (shape is not None and 0 in shape) or (isinstance(waveform, (list, PVector)) and not waveform):
+        if _empty(waveform):
+            shape = _shape(waveform)
             what = f"a waveform of shape {shape} has no samples" if shape else "an empty list of samples"
             raise InvalidPromptError(at, f"{what}, which vLLM's processor fails on")
 
