@@ -138,6 +138,14 @@ def _copying_road_key(hasher: MediaHasher, image: Any, monkeypatch: pytest.Monke
 
 
 @pytest.fixture
+def no_gil_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock that never moves: no step looks like a wait for the GIL, so a loaded machine
+    cannot switch the image to the one-piece road and change how many steps a test counts."""
+    monkeypatch.setattr(road, "_clock", lambda: 0.0)
+    monkeypatch.setattr(road, "_contended_until", 0.0)
+
+
+@pytest.fixture
 def overlapped(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     """The images that took the helper-thread road."""
     return record_calls(monkeypatch, road, "_rgb_overlapped", 0)
@@ -203,6 +211,7 @@ def test_where_band_packing_would_differ_pillows_packer_is_used(
     assert overlapped == []
 
 
+@pytest.mark.usefixtures("no_gil_waits")
 def test_a_failing_digest_update_reaches_the_caller_and_stops_the_hashing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -223,6 +232,7 @@ def test_a_failing_digest_update_reaches_the_caller_and_stops_the_hashing(
     assert hasher.key("image", image) == _copying_road_key(hasher, image, monkeypatch)
 
 
+@pytest.mark.usefixtures("no_gil_waits")
 def test_a_failure_while_packing_reaches_the_caller_and_stops_the_hashing(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
