@@ -297,10 +297,10 @@ def _check_video_items(where: str, items: Sequence[object], *, given_as_items: b
                 f"a tuple of {len(item)} is not a video item; give (frames, metadata), a 4-D array "
                 "or a list of frames",
             )
-        _check_no_number_frames(f"{where}[{i}]", item)
+        _check_video_frames(f"{where}[{i}]", item)
 
 
-def _check_no_number_frames(where: str, video: object) -> None:
+def _check_video_frames(where: str, video: object) -> None:
     # The model's processor counts and sizes a video's frames, and fails on numbers.
     frames, where = (video[0], f"{where}[0]") if isinstance(video, tuple) else (video, where)
     number = _number(frames)
