@@ -222,12 +222,13 @@ def _holds_media(value: object) -> bool:
 
 
 def _not_a_rate(rate: object) -> bool:
-    """Whether an audio tuple's rate is neither None nor a finite number above 0."""
+    """Whether an audio tuple's rate is neither None nor a finite number that rounds to 1
+    or more (vLLM's resamplers read ``int(round(rate))``)."""
     if rate is None:
         return False
     if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, (int, float, np.integer, np.floating)):
         return True
-    return not 0 < float(rate) < math.inf
+    return not (0 < float(rate) < math.inf and round(float(rate)) >= 1)
 
 
 modalities = st.sampled_from(("image", "video", "audio"))
