@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import operator
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self, TypeAlias, TypeGuard
 
 import attrs
@@ -319,8 +319,8 @@ def _check_video_frames(where: str, video: object) -> None:
             raise PromptTypeError(
                 f"{where}[{j}]", f"{number} is not a video frame; give an image or a 3-D array"
             )
-        shape = _shape(frame)
-        if shape is not None and 0 in shape:
+        shape = _no_pixels(frame)
+        if shape is not None:
             raise InvalidPromptError(
                 f"{where}[{j}]", f"a frame of shape {shape} has no pixels, which vLLM's processor fails on"
             )
@@ -328,8 +328,13 @@ def _check_video_frames(where: str, video: object) -> None:
 
 def _empty(value: object) -> bool:
     """Whether an array, tensor or image has a side of 0, or a list holds nothing."""
+    return _no_pixels(value) is not None or (isinstance(value, (list, PVector)) and not value)
+
+
+def _no_pixels(value: object) -> tuple[int, ...] | None:
+    """The shape of an array, tensor or image with a side of 0; None for anything else."""
     shape = _shape(value)
-    return (shape is not None and 0 in shape) or (isinstance(value, (list, PVector)) and not value)
+    return shape if shape is not None and 0 in shape else None
 
 
 def _shape(value: object) -> tuple[int, ...] | None:
@@ -362,29 +367,38 @@ def _check_no_image_containers(where: str, given: Sequence[object], items: Seque
         if _shape(item) is not None or isinstance(item, EmbeddingFields):
             continue
         name = "list" if isinstance(given[i], PVector) else type_name(given[i])
-        if isinstance(item, Mapping) or (isinstance(item, (tuple, PVector)) and not _holds_media(item)):
+        pixels = _pixels_held(item) if isinstance(item, (tuple, PVector)) else None
+        if isinstance(item, Mapping) or (isinstance(item, (tuple, PVector)) and pixels is None):
             raise PromptTypeError(
                 f"{where}[{i}]",
                 f"a {name} {'' if isinstance(item, Mapping) else 'of no image '}is not an image "
                 "(vLLM's processor fails on it); give each image as an array, a tensor or a PIL image",
             )
-        if isinstance(item, (tuple, PVector)) and _holds_media(item, empty=True):
+        if pixels is False:
             raise InvalidPromptError(
                 f"{where}[{i}]", f"a {name} holding an image without pixels, which vLLM's processor fails on"
             )
 
 
-def _holds_media(value: object, *, empty: bool = False) -> bool:
-    """Whether a frozen container holds an array, tensor or PIL image at any depth (with
-    ``empty``: one with a side of 0)."""
+def _pixels_held(value: object) -> bool | None:
+    """For a frozen container, at any depth: None where it holds no array, tensor or PIL
+    image; else whether every one it holds has pixels (no side of 0)."""
     shape = _shape(value)
     if shape is not None:
-        return not empty or 0 in shape
+        return 0 not in shape
     if isinstance(value, (tuple, PVector)):
-        return any(_holds_media(element, empty=empty) for element in value)
-    if isinstance(value, Mapping):
-        return any(_holds_media(element, empty=empty) for element in value.values())
-    return False
+        elements: Iterable[object] = value
+    elif isinstance(value, Mapping):
+        elements = value.values()
+    else:
+        return None
+    found: bool | None = None
+    for element in elements:
+        held = _pixels_held(element)
+        if held is False:
+            return False
+        found = found or held
+    return found
 
 
 def _check_images_parse(where: str, items: Sequence[object]) -> None:
@@ -393,8 +407,8 @@ def _check_images_parse(where: str, items: Sequence[object]) -> None:
     # image into RGB before anything else reads it, so one it cannot turn fails there,
     # whatever key the record gave it.
     for i, item in enumerate(items):
-        shape = _shape(item)
-        if shape is not None and 0 in shape:
+        shape = _no_pixels(item)
+        if shape is not None:
             raise InvalidPromptError(
                 f"{where}[{i}]",
                 f"an image of shape {shape} has no pixels, which vLLM's processor fails on",
