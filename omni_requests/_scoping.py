@@ -318,6 +318,9 @@ def media_keys(
     The hasher defaults to the one the prompt was scoped with; an unscoped prompt needs
     one for items without a user UUID. ``None`` stands for an item that is ``None``
     (cached only) without a UUID.
+
+    Where every item read is frozen the keys are remembered with the media, per hasher
+    and scope, as :func:`rendered_uuids` remembers rendered keys.
     """
     _check_single(prompt)
     if hasher is not None and not isinstance(hasher, MediaHasher):
@@ -325,6 +328,10 @@ def media_keys(
     scope = prompt.scope
     if hasher is None and scope is not None:
         hasher = scope.hasher
+    memo_key = (_KEYS, id(hasher), id(scope))
+    known = prompt._memo.get(memo_key)
+    if known is not None and known[0] is hasher and known[1] is scope:
+        return known[2]  # type: ignore[no-any-return]
 
     def user(uuid: str, binding: str | None) -> MediaKey:
         return MediaKey(uuid, KeyOrigin.USER, scope, binding)
@@ -333,8 +340,23 @@ def media_keys(
         return MediaKey(digest, KeyOrigin.CONTENT, scope)
 
     bind = scope is not None and scope.policy.bind_content
-    keys, _ = _derive(prompt, hasher, bind, user, content)
-    return pmap({m: pvector(row) for m, row in keys.items()})
+    keys, fixed = _derive(prompt, hasher, bind, user, content)
+    found = pmap({m: pvector(row) for m, row in keys.items()})
+    if fixed:
+        _remember(prompt, memo_key, (hasher, scope, found))
+    return found
+
+
+_KEYS: Final = "omni_requests.media_keys"
+
+
+def _remember(prompt: SinglePrompt, memo_key: object, value: object) -> None:
+    """Keeps ``value`` in ``prompt``'s memo, which a template shares with its scoped copies
+    (bounded: cleared when full)."""
+    memo = prompt._memo
+    if len(memo) >= _MAX_MEMO:
+        memo.clear()
+    memo[memo_key] = value
 
 
 def key_bases(prompt: SinglePrompt, hasher: MediaHasher) -> tuple[str, ...]:
@@ -357,10 +379,7 @@ def key_bases(prompt: SinglePrompt, hasher: MediaHasher) -> tuple[str, ...]:
     keys, fixed = _derive(prompt, hasher, bind, _user_base, _as_base)
     bases = tuple(base for modality in sorted(keys) for base in keys[modality] if base is not None)
     if fixed:
-        memo = prompt._memo
-        if len(memo) >= _MAX_MEMO:
-            memo.clear()
-        memo[memo_key] = (hasher, bases)
+        _remember(prompt, memo_key, (hasher, bases))
     return bases
 
 
@@ -413,8 +432,5 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
     text = key_text(scope)
     rendered, fixed = _derive(prompt, scope.hasher, text.binds, text.user_key, text.content_key)
     if fixed:
-        memo = prompt._memo
-        if len(memo) >= _MAX_MEMO:
-            memo.clear()
-        memo[id(scope)] = (scope, tuple((m, tuple(keys)) for m, keys in rendered.items()))
+        _remember(prompt, id(scope), (scope, tuple((m, tuple(keys)) for m, keys in rendered.items())))
     return rendered

@@ -278,8 +278,35 @@ def test_fixed_content_keys_are_derived_once_per_template_and_scope(
                 modality: [f"stage0:rep{replica}:{key.base}" for key in keys]
                 for modality, keys in media_keys(template, hasher).items()
             }
-    # media_keys derives each time (three items per call); the renders once per scope.
-    assert len(derived) == 3 * 6 + 3 * 2
+    # media_keys derives once per hasher (three items), the renders once per scope.
+    assert len(derived) == 3 + 3 * 2
+    scoped = scope_to_replica(template, 1, hasher=hasher)
+    assert media_keys(scoped) == media_keys(scoped) != media_keys(template, hasher)  # keys carry the scope
+    assert len(derived) == 3 + 3 * 2 + 3
+
+
+def test_media_keys_follow_an_item_that_can_change_and_new_media(hasher: MediaHasher) -> None:
+    # An unsealed palette image (its holder's writes reach the record) is keyed again at
+    # every call; a copy given other media is keyed by its own, never by the memo it shares.
+    from PIL import Image
+
+    image = Image.new("P", (4, 4), 1)
+    image.putpalette([0, 0, 0, 255, 255, 255] * 128)
+    arrays = TextPrompt(prompt="x", multi_modal_data={"image": [image, np.ones((2, 2, 3), np.uint8)]})
+    for prompt in (arrays, scope_to_replica(arrays, 1, hasher=hasher)):
+        before = media_keys(prompt, hasher)["image"]
+        image.putpixel((0, 0), 1 - image.getpixel((0, 0)))  # type: ignore[operator]
+        after = media_keys(prompt, hasher)["image"]
+        assert after[0].base == hasher.content_key("image", image) != before[0].base  # type: ignore[union-attr]
+    sealed = TextPrompt(prompt="x", multi_modal_data={"image": np.ones((2, 2, 3), np.uint8)})
+    media_keys(sealed, hasher)  # remembered now
+    for changed in (
+        sealed.replace_media({"image": np.zeros((2, 2, 3), np.uint8)}),
+        attrs.evolve(sealed, multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)}),
+        scope_to_replica(sealed, 1, hasher=hasher).replace_media({"image": np.zeros((2, 2, 3), np.uint8)}),
+    ):
+        key = media_keys(changed, hasher)["image"][0]
+        assert key is not None and key.base == hasher.content_key("image", np.zeros((2, 2, 3), np.uint8))
 
 
 def test_items_that_can_change_are_keyed_again_at_every_render(hasher: MediaHasher) -> None:
