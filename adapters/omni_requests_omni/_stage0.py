@@ -9,7 +9,7 @@ dicts come back as fresh dicts, records as new records.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar, overload
 
 import attrs
@@ -125,6 +125,19 @@ def _is_token_list(value: object) -> bool:
         and len(value) > 0
         and all(isinstance(token, int) and not isinstance(token, bool) for token in value)
     )
+
+
+def _batch(prompts: object) -> list[object] | None:
+    """The prompts of a batch, or None for one prompt. As vLLM's ``prompt_to_seq`` reads
+    it: any sequence but a str, bytes, a mapping or a list of token ids is a batch (a
+    tuple too: read as one prompt, its dicts' media went out unscoped)."""
+    if (
+        not isinstance(prompts, Sequence)
+        or isinstance(prompts, (str, bytes, bytearray, memoryview, Mapping))
+        or _is_token_list(prompts)
+    ):
+        return None
+    return list(prompts)
 
 
 def _refuse_scoped_uuids(prompt: object, path: str) -> None:
@@ -274,7 +287,8 @@ def scope_stage0(
     """Pick a stage-0 replica for a request and scope its media keys to it.
 
     ``prompts`` is what the engine would hand to ``process_inputs``: one prompt or a
-    list of them, as vLLM/vllm-omni dicts or as records. The result is
+    batch of them (a list or tuple, any sequence vLLM reads as a batch; a tuple comes
+    back as a tuple), as vLLM/vllm-omni dicts or as records. The result is
     ``(replica_id, prompts)``:
 
     - scoped: every media key becomes ``stage0:rep{R}:{base}``, where the base is the
@@ -324,16 +338,15 @@ def scope_stage0(
         # Nothing is scoped, but a dict carrying keys an engine scoped (a copy of a scoped
         # dict given new media) would reach it as they are: the old media's, still cached
         # on that replica when it was one of several.
-        if isinstance(prompts, list) and not _is_token_list(prompts):
-            for i, item in enumerate(prompts):
-                _refuse_scoped_uuids(item, f"$[{i}]")
-        else:
-            _refuse_scoped_uuids(prompts, "$")
+        batch = _batch(prompts)
+        for i, item in enumerate([prompts] if batch is None else batch):
+            _refuse_scoped_uuids(item, "$" if batch is None else f"$[{i}]")
         return Stage0Result(None, prompts)
     if _is_engine_request(prompts, pool.engine_request_types):
         return Stage0Result(None, prompts)
-    many = isinstance(prompts, list) and not _is_token_list(prompts)
-    items: list[object] = list(prompts) if many else [prompts]  # type: ignore[call-overload]
+    batch = _batch(prompts)
+    many = batch is not None
+    items: list[object] = [prompts] if batch is None else batch
     if not any(carries_media(item) for item in items):
         return Stage0Result(None, prompts)
 
@@ -354,5 +367,5 @@ def scope_stage0(
                 f"live replicas: {list(pool.replicas)}",
             )
         scoped = [request.scoped(i, chosen, as_dicts) for i in range(len(items))]
-    result: Any = scoped if many else scoped[0]
+    result: Any = (tuple(scoped) if isinstance(prompts, tuple) else scoped) if many else scoped[0]
     return Stage0Result(chosen, result)

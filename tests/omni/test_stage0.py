@@ -255,6 +255,7 @@ def test_a_dict_an_engine_scoped_is_refused_with_one_live_replica_too(replicas: 
     for prompts, path in (
         (copied, "$.multi_modal_uuids.video[0]"),
         ([{"prompt": "x"}, copied], "$[1].multi_modal_uuids.video[0]"),
+        (({"prompt": "x"}, copied), "$[1].multi_modal_uuids.video[0]"),  # vLLM's batch too
         ({"encoder_prompt": "x", "decoder_prompt": copied}, "$.decoder_prompt.multi_modal_uuids.video[0]"),
         (
             dict(copied, multi_modal_uuids={"video": scoped["multi_modal_uuids"]["video"][0]}),
@@ -359,6 +360,27 @@ def test_all_prompts_of_a_request_go_to_one_replica_and_select_is_asked_once() -
         "clip",
         HASHER.key("image", image_array(3)),
     )
+
+
+def test_a_tuple_is_a_batch_as_vllm_reads_it_and_comes_back_a_tuple() -> None:
+    # vLLM's prompt_to_seq reads any sequence but a str, bytes, dict or token list as a
+    # batch. A tuple was read as one prompt without media and passed through unscoped: a
+    # shallow copy of a scoped dict given new media then went out under the old media's key
+    # (found by an adversarial review).
+    from vllm.renderers.inputs.preprocess import prompt_to_seq
+
+    select = Recorder(1)
+    template = {"prompt": "<video>", "multi_modal_data": {"video": video_array(0)}}
+    replica, out = scope_stage0((template, "text"), pool=_pool(2, select), hasher=HASHER)
+    assert replica == 1 and type(out) is tuple and len(prompt_to_seq(out)) == 2
+    assert out[0]["multi_modal_uuids"] == {"video": [f"stage0:rep1:{HASHER.key('video', video_array(0))}"]}
+    assert out[1] == "text" and "multi_modal_uuids" not in template  # the caller's dict untouched
+    retry = dict(out[0], multi_modal_data={"video": video_array(1)})  # new media, the old scoped key
+    with pytest.raises(InvalidPromptError, match="already scoped to a replica") as caught:
+        scope_stage0((retry,), pool=_pool(2), hasher=HASHER)
+    assert caught.value.path == "$[0].multi_modal_uuids.video[0]"
+    assert scope_stage0((1, 2), pool=_pool(2, select), hasher=HASHER).replica_id is None  # vLLM's to refuse
+    assert len(select.seen) == 1
 
 
 def test_a_dicts_images_and_tensors_go_out_as_the_callers_own_objects() -> None:
