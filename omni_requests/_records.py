@@ -1001,7 +1001,16 @@ class _Prompt(_Derived):
                     f"must be a mapping of modality to UUIDs, got {type_name(multi_modal_uuids)}",
                 )
             uuids.update(multi_modal_uuids)
-        return attrs.evolve(self, multi_modal_data=data, multi_modal_uuids=uuids)
+        made = attrs.evolve(self, multi_modal_data=data, multi_modal_uuids=uuids)
+        if multi_modal_uuids is not None and _UUID_PAIRS.get(multi_modal_uuids) is not None:
+            # A record's own map (template.multi_modal_uuids) names that record's items, as
+            # it does given to the constructor or attrs.evolve: merged into a new dict
+            # above, it is checked here against the items its UUIDs now name.
+            _check_uuids_name_their_items(
+                multi_modal_uuids,  # type: ignore[arg-type]  # a record's map: a PMap
+                tuple(row for row in made._view if row[0] in multi_modal_uuids),
+            )
+        return made
 
 
 # The items each record's UUID map was first given with, by the map's identity, so a map

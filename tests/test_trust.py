@@ -1058,6 +1058,42 @@ def test_replace_media_drops_replaced_uuids_and_keeps_the_rest() -> None:
     assert attrs.evolve(template, prompt="y").multi_modal_uuids == template.multi_modal_uuids
 
 
+def test_replace_media_given_a_records_uuid_map_checks_it_as_the_constructor_does() -> None:
+    # replace_media merged the template's own map into a new dict, so the check by the
+    # map object never saw it: the new video went out under the old video's UUID (found
+    # by a review of the docs against the tests, helper-56).
+    template = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8), "video": video(11)},
+        multi_modal_uuids={"image": "img-1", "video": "v-1"},
+    )
+    with pytest.raises(InvalidPromptError, match="'v-1' comes from a record") as caught:
+        template.replace_media({"video": video(12)}, template.multi_modal_uuids)
+    assert caught.value.path == "$.multi_modal_uuids.video[0]"
+    other = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": np.ones((2, 2, 3), np.uint8)},
+        multi_modal_uuids={"image": "img-2"},
+    )
+    with pytest.raises(InvalidPromptError, match="'img-2' comes from a record") as caught:
+        template.replace_media({"video": video(12)}, other.multi_modal_uuids)  # names template's image now
+    assert caught.value.path == "$.multi_modal_uuids.image[0]"
+    # The same media (equal, in new objects) keeps its UUIDs; so do the modalities not in the map.
+    same = template.replace_media(
+        {"video": video(11), "image": np.zeros((2, 2, 3), np.uint8)}, template.multi_modal_uuids
+    )
+    assert rendered_uuids(same) == {"image": ["img-1"], "video": ["v-1"]}
+    kept = template.replace_media(
+        {"video": video(12)},
+        TextPrompt(
+            prompt="x",
+            multi_modal_data={"image": np.zeros((2, 2, 3), np.uint8)},
+            multi_modal_uuids={"image": "img-3"},
+        ).multi_modal_uuids,
+    )
+    assert rendered_uuids(kept) == {"image": ["img-3"]}
+
+
 # -- 7. bad input: a clear error naming the field, never a raw one --
 
 
