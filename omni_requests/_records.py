@@ -232,6 +232,7 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
     if modality in _VISUAL_AUDIO:
         _check_no_text(where, modality, data, items)
         _check_no_numbers(where, modality, items)
+        _check_item_arrays(where, modality, items, split=not isinstance(data, (list, PVector, tuple)))
     if modality == "image":
         _check_images_parse(where, items)
     if modality == "video":
@@ -313,12 +314,21 @@ def _check_video_frames(where: str, video: object) -> None:
         shape = _shape(frames)
         what = "a video of no frames" if shape is None else f"a video of shape {shape} has no pixels"
         raise InvalidPromptError(where, f"{what}, which vLLM's processor fails on")
+    _check_numbers_dtype(where, frames, "video")
     for j, frame in enumerate(frames if isinstance(frames, (list, PVector)) else ()):
         number = _number(frame)
         if number:
             raise PromptTypeError(
                 f"{where}[{j}]", f"{number} is not a video frame; give an image or a 3-D array"
             )
+        ndim = _ndim(frame)
+        if ndim is not None and ndim != 3:  # vLLM stacks the frames into the video's array
+            raise PromptTypeError(
+                f"{where}[{j}]",
+                f"a {ndim}-D {type_name(frame)} is not a video frame (vLLM's processor fails on it); "
+                "give each frame as an image or a 3-D array (a gray frame as (H, W, 1))",
+            )
+        _check_numbers_dtype(f"{where}[{j}]", frame, "video")
         shape = _no_pixels(frame)
         if shape is not None:
             raise InvalidPromptError(
@@ -459,9 +469,58 @@ def _number(item: object) -> str:
     return f"a 0-d {type_name(item)} (one number)" if _ndim(item) == 0 else ""
 
 
+# numpy's kinds that hold no numbers: str, bytes, datetime, timedelta, structured, object.
+_NOT_NUMBERS: Final = frozenset("USMmVO")
+
+
+def _check_numbers_dtype(where: str, value: object, modality: str) -> None:
+    """Refuses an array of something other than numbers (or bools) as pixels or samples:
+    vLLM's parser takes it, and the model's processor fails on it after routing."""
+    if isinstance(value, np.ndarray):
+        dtype = np.ndarray.dtype.__get__(as_made(value))
+        if dtype.kind in _NOT_NUMBERS:
+            what = "samples" if modality == "audio" else "pixels"
+            raise PromptTypeError(
+                where,
+                f"an array of dtype {dtype} holds no {what} (vLLM's processor fails on it); "
+                "give an array of numbers",
+            )
+
+
+def _check_item_arrays(where: str, modality: str, items: Sequence[object], *, split: bool) -> None:
+    """Refuses array and tensor items the model's processor can only fail on: an image or
+    video with too few dimensions, and arrays of no numbers. ``split``: the items are the
+    elements of one array or tensor vLLM's parser splits (a 2-D image array into its rows)."""
+    for i, item in enumerate(items):
+        ndim = _ndim(item)
+        if ndim is None:
+            continue
+        _check_numbers_dtype(f"{where}[{i}]", item, modality)
+        # A 2-D tensor in a list is an embedding to vLLM's parser; a 2-D array never is.
+        array = isinstance(item, np.ndarray)
+        if modality in ("image", "video") and ndim < (3 if array else 2):
+            kind = "array" if array else "tensor"
+            whole = f"; vLLM reads a {ndim + 1}-D {kind} given whole as a list of them" if split else ""
+            one = (
+                "an image (a gray one as (H, W, 1) or a PIL image)"
+                if modality == "image"
+                else ("a video (frames as (T, H, W, C), a gray one as (T, H, W, 1))")
+            )
+            raise PromptTypeError(
+                f"{where}[{i}]",
+                f"a {ndim}-D {type_name(item)} is not {one}{whole}; the model's processor fails on it",
+            )
+
+
 def _check_audio_items(where: str, items: Sequence[object]) -> None:
     # After _check_no_numbers: no item is a number.
     for i, item in enumerate(items):
+        if (isinstance(item, Mapping) and not isinstance(item, EmbeddingFields)) or is_pil_image(item):
+            raise PromptTypeError(
+                f"{where}[{i}]",
+                f"a {type_name(item)} is not an audio item (vLLM's parser fails on it); give an "
+                "array, a list of samples or (array, rate)",
+            )
         if isinstance(item, tuple):  # vLLM unpacks (waveform, rate): other lengths fail there
             if len(item) != 2:
                 raise PromptTypeError(
@@ -478,6 +537,13 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
                 raise PromptTypeError(
                     f"{where}[{i}][0]", f"{number} is not a waveform; give an array of samples"
                 )
+            if _ndim(item[0]) is None:  # vLLM's parser reads the waveform's ndim
+                raise PromptTypeError(
+                    f"{where}[{i}][0]",
+                    f"a {type_name(item[0])} is not a waveform in (waveform, rate) (vLLM's parser "
+                    "fails on it); give an array of samples",
+                )
+            _check_numbers_dtype(f"{where}[{i}][0]", item[0], "audio")
             _check_sample_rate(f"{where}[{i}][1]", item[1])
         waveform, at = (item[0], f"{where}[{i}][0]") if isinstance(item, tuple) else (item, f"{where}[{i}]")
         # vLLM's processor fails on a waveform without samples (and the model decides how

@@ -545,9 +545,10 @@ def media_items(modality: str, *, embeddings: bool = False) -> st.SearchStrategy
     """One media item for ``modality`` ("image", "video" or "audio"), as vLLM accepts it.
 
     Images are PIL images (when Pillow is installed; any mode but "La", which vLLM's parser
-    cannot turn into RGB), (height, width, channels) uint8 arrays, or arrays of any dtype,
-    shape and layout from :func:`arrays`. With ``embeddings`` an item may also be a 2-D
-    float tensor of precomputed embeddings (needs torch).
+    cannot turn into RGB), (height, width, channels) uint8 arrays, or 3-D arrays of any
+    dtype and layout from :func:`arrays` (the model's processor takes no image of fewer
+    dimensions). With ``embeddings`` an item may also be a 2-D float tensor of precomputed
+    embeddings (needs torch).
     """
     where = "media_items()"
     if modality not in MODALITIES:
@@ -570,7 +571,7 @@ def _media_items(modality: str, embeddings: bool) -> st.SearchStrategy[Any]:
         if _pil_available():  # not "La": vLLM's parser cannot turn it into RGB
             options.append(images(modes=[m for m in IMAGE_MODES if m != "La"], max_side=4))
         options.append(_pixel_arrays())
-        options.append(arrays(min_dims=1, max_dims=3, max_side=3))  # 0-d: a number, refused
+        options.append(arrays(min_dims=3, max_dims=3, max_side=3))
     elif modality == "video":
         options.append(videos(frame_images=_pil_available()))
     else:

@@ -151,7 +151,7 @@ def test_a_records_own_arrays_are_shared_without_a_copy_and_a_callers_are_copied
         TextPrompt(prompt="v", multi_modal_data={"video": [own]})
     assert p == TextPrompt(prompt="x", multi_modal_data={"video": frames})  # compared as made
     reshaped = p.multi_modal_data["video"][0].reshape(frames.shape[0], -1)
-    copied = TextPrompt(prompt="v", multi_modal_data={"image": [reshaped]}).multi_modal_data["image"][0]
+    copied = TextPrompt(prompt="v", multi_modal_data={"rows": [reshaped]}).multi_modal_data["rows"][0]
     assert copied is not own and copied.shape == reshaped.shape and np.array_equal(copied, reshaped)
 
 
@@ -517,6 +517,56 @@ _IMAGE = np.zeros((2, 2, 3), np.uint8)
             "dtype object",
         ),
         ({"multi_modal_data": {3: [_IMAGE]}}, PromptTypeError, "$.multi_modal_data", "must be str"),
+        # What the model's processor can only fail on, after routing (tests/vllm's
+        # validation-parity mutations prove vLLM refuses each too):
+        (  # a gray image as a 2-D array, given whole: vLLM splits it into 1-D rows
+            {"multi_modal_data": {"image": np.zeros((4, 5), np.uint8)}},
+            PromptTypeError,
+            "$.multi_modal_data.image[0]",
+            "a 1-D numpy.ndarray is not an image (a gray one as (H, W, 1) or a PIL image); vLLM reads a 2-D",
+        ),
+        (
+            {"multi_modal_data": {"image": [_IMAGE, np.zeros((4, 5), np.uint8)]}},
+            PromptTypeError,
+            "$.multi_modal_data.image[1]",
+            "a 2-D numpy.ndarray is not an image",
+        ),
+        (
+            {"multi_modal_data": {"video": np.zeros((2, 4, 5), np.uint8)}},
+            PromptTypeError,
+            "$.multi_modal_data.video[0]",
+            "a 2-D numpy.ndarray is not a video (frames as (T, H, W, C), a gray one as (T, H, W, 1)); vLLM reads",
+        ),
+        (
+            {"multi_modal_data": {"video": [[np.zeros((4, 5, 3), np.uint8), np.zeros((4, 5), np.uint8)]]}},
+            PromptTypeError,
+            "$.multi_modal_data.video[0][1]",
+            "a 2-D numpy.ndarray is not a video frame",
+        ),
+        (
+            {"multi_modal_data": {"image": [np.full((2, 2, 3), "a")]}},
+            PromptTypeError,
+            "$.multi_modal_data.image[0]",
+            "an array of dtype <U1 holds no pixels",
+        ),
+        (
+            {"multi_modal_data": {"audio": [(np.zeros(4, "M8[s]"), 16000)]}},
+            PromptTypeError,
+            "$.multi_modal_data.audio[0][0]",
+            "an array of dtype datetime64[s] holds no samples",
+        ),
+        (
+            {"multi_modal_data": {"audio": [np.zeros(4, np.float32), {"waveform": np.zeros(4, np.float32)}]}},
+            PromptTypeError,
+            "$.multi_modal_data.audio[1]",
+            "a dict is not an audio item",
+        ),
+        (
+            {"multi_modal_data": {"audio": [([0.5, 0.25], 16000)]}},
+            PromptTypeError,
+            "$.multi_modal_data.audio[0][0]",
+            "a list is not a waveform in (waveform, rate)",
+        ),
         ({"cache_salt": 5}, PromptTypeError, "$.cache_salt", "must be a str, got int"),
         ({"mm_processor_kwargs": ["x"]}, PromptTypeError, "$.mm_processor_kwargs", "must be a mapping"),
         ({"media_io_kwargs": {"video": 3}}, PromptTypeError, "$.media_io_kwargs.video", "must be a mapping"),
@@ -602,7 +652,7 @@ def test_ints_beyond_64_bits_in_media_are_refused() -> None:
 @pytest.mark.parametrize(
     "make",
     [
-        lambda torch: torch.quantize_per_tensor(torch.rand(4), 0.1, 0, torch.quint8),
+        lambda torch: torch.quantize_per_tensor(torch.rand(1, 2, 2, 3), 0.1, 0, torch.quint8),
         lambda torch: torch.eye(3).to_sparse(),
         lambda torch: torch.eye(3).to_sparse_csr(),
         lambda torch: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]),
@@ -661,7 +711,7 @@ def test_a_tensor_no_engine_can_key_is_refused_with_our_error() -> None:
     assert caught.value.path == "$.multi_modal_data.audio[1][0]"
     fixed = strided.clone(memory_format=torch.contiguous_format)  # what the message advises
     for fine in (fixed, torch.zeros(4, dtype=torch.bfloat16)[::2], torch.zeros(2)[::2]):
-        TextPrompt(prompt="x", multi_modal_data={"image": [fine]})
+        TextPrompt(prompt="x", multi_modal_data={"audio": [(fine, 16000)]})
 
 
 _FRAME = np.zeros((4, 4, 3), np.uint8)

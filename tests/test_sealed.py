@@ -508,7 +508,7 @@ def test_a_sealed_tensor_holds_its_values_in_any_dtype_and_layout(
     store: str, make: Callable[[], Any]
 ) -> None:
     tensor = make()
-    modality = "video" if tensor.ndim else "sensor"  # a 0-d tensor is a number: no video
+    modality = "video" if tensor.ndim >= 2 else "sensor"  # a 0-d tensor is a number, a 1-D one no video
     record = TextPrompt(prompt="<video>", multi_modal_data={modality: [tensor]})
     key, sent = _sent(record, modality)
     assert sent.dtype == tensor.dtype and sent.shape == tensor.shape and torch.equal(sent, tensor)

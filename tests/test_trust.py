@@ -205,7 +205,8 @@ def test_a_records_hand_out_read_back_is_its_own_array_and_a_changed_one_a_copy(
         is own
     )
     for changed in (handed_out[1:], handed_out.view(np.int8), handed_out.reshape(-1)):
-        again = TextPrompt(prompt="z", multi_modal_data={"video": [changed]}).multi_modal_data["video"][0]
+        # A custom modality: a 1-D array is no video (the checks refuse it before the copy).
+        again = TextPrompt(prompt="z", multi_modal_data={"clip": [changed]}).multi_modal_data["clip"][0]
         assert again is not own and again.shape == changed.shape and np.array_equal(again, changed)
 
 
@@ -267,7 +268,7 @@ def test_a_callers_array_changed_while_a_record_is_built_is_kept_as_it_was_check
         built.append(TextPrompt(prompt="x", multi_modal_data={"video": building[-1]}))
 
     def flatten(k: int) -> None:
-        building[-1].shape = (8, 4, 3)  # a list of 3-D frames to vLLM: one video, other keys
+        building[-1].shape = (2, 1, 4, 4, 3)  # a 5-D array: a list of two videos to vLLM, other keys
 
     steps = _at_each_step_of(build, flatten)
     assert steps > 3 and len(built) == steps + 1
@@ -275,8 +276,8 @@ def test_a_callers_array_changed_while_a_record_is_built_is_kept_as_it_was_check
         items = record.multi_modal_data["video"]
         if len(items) == 1:  # read before the shape was set: the 4-D video it was
             assert items[0].shape == frames.shape and np.array_equal(items[0], frames)
-        else:  # read after: a 3-D array, split into its rows as vLLM splits it
-            assert np.array_equal(np.stack(list(items)), frames.reshape(8, 4, 3))
+        else:  # read after: a 5-D array, split into its rows as vLLM splits it
+            assert np.array_equal(np.stack(list(items)), frames.reshape(2, 1, 4, 4, 3))
 
 
 def test_a_records_array_set_in_place_is_sent_as_made_and_refused_as_given() -> None:

@@ -180,7 +180,10 @@ def test_pickling_keeps_the_key_of_a_palette_image() -> None:
 
 @pytest.mark.parametrize(
     ("array", "protocol"),
-    [(np.arange(3, dtype=">i4"), pickle.DEFAULT_PROTOCOL), (np.arange(6, dtype=">i4")[::2], 5)],
+    [
+        (np.arange(3, dtype=">i4").reshape(1, 1, 3), pickle.DEFAULT_PROTOCOL),
+        (np.arange(12, dtype=">i4").reshape(1, 2, 6)[..., ::2], 5),
+    ],
     ids=["default-protocol", "strided"],
 )
 def test_pickling_keeps_byte_order(array: np.ndarray, protocol: int) -> None:

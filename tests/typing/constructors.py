@@ -102,7 +102,7 @@ def pil_images() -> TextPrompt:
 
 def embeddings(embeds: torch.Tensor) -> EmbedsPrompt:
     record = EmbedsPrompt(prompt_embeds=embeds, negative_prompt_embeds=[embeds])
-    TextPrompt(prompt="<image>", multi_modal_data={"image": embeds})  # tensors are media items too
+    TextPrompt(prompt="<image>", multi_modal_data={"image": [embeds]})  # tensors are media items too
     negative = TokensPrompt(prompt_token_ids=[1], negative_prompt_embeds=embeds)
     assert_type(negative.prompt_token_ids, PVector[int])
     return record

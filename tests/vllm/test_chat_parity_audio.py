@@ -55,7 +55,7 @@ from _chat_parity import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from omni_requests import InvalidPromptError, MediaHasher, scope_to_replica
+from omni_requests import InvalidPromptError, MediaHasher, PromptTypeError, scope_to_replica
 from omni_requests._embedding_fields import EmbeddingFields
 from omni_requests_omni import MediaLoadError, chat_to_prompt, decode_wav
 from omni_requests_vllm import to_vllm
@@ -407,8 +407,11 @@ def test_a_qwen2_vl_embeddings_tensor_is_refused_naming_the_part(uncached_render
     messages = _one_part({"type": "image_embeds", "image_embeds": _tensor_b64(torch.zeros(4, HIDDEN_SIZE))})
     with pytest.raises(Exception, match="must have same length"):
         vllm_chat(renderer, copy.deepcopy(messages), chat_template=TEMPLATE)
+    # vLLM splits the 2-D tensor into 1-D rows, each an image to its processor; records
+    # refuse such a row by name, before any item count is compared.
     with pytest.raises(
-        InvalidPromptError, match=r"^\$\.messages\[2\]\.content\[1\]: .*must have same length"
+        PromptTypeError,
+        match=r"^\$\.messages\[2\]\.content\[1\]: a 1-D torch.Tensor is not an image .*2-D tensor given whole",
     ):
         chat_to_prompt(messages, renderer=renderer, chat_template=TEMPLATE)
 

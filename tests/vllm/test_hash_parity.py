@@ -153,6 +153,16 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
         with pytest.raises(PromptTypeError, match=r"audio item|not a waveform"):
             _in_a_record(modality, item)
         return
+    if _unshaped(modality, item):
+        # Records refuse an image or video of too few dimensions, a video frame that is
+        # not 3-D, a dict or image as audio, and a waveform without an ndim in (waveform,
+        # rate): vLLM's parser or the model's processor fails on each (test_records.py).
+        with pytest.raises(
+            (PromptTypeError, InvalidPromptError),
+            match=r"is not (an image|a video|a waveform|an audio item)|has no pixels|of no frames|no samples|empty",
+        ):
+            _in_a_record(modality, item)
+        return
     if modality == "audio" and isinstance(item, tuple) and _not_a_rate(item[1]):
         # Records refuse a rate vLLM cannot resample from, or reads by accident (a str, a
         # bool: test_records.py); its hasher keys it.
@@ -186,6 +196,30 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
     assert hasher.key(modality, frozen) == expected
     assert hasher.key(modality, frozen) == expected  # again: cached where the bytes are frozen
     assert _vllm_key(hasher, modality, sent) == expected  # vLLM on the record's dict
+
+
+def _unshaped(modality: str, item: object) -> bool:
+    """Whether records refuse ``item`` for its dimensions or kind (see assert_parity)."""
+
+    def too_few(value: object) -> bool:  # a 2-D tensor is an embedding item to vLLM's parser
+        return (isinstance(value, np.ndarray) and value.ndim < 3) or (
+            isinstance(value, torch.Tensor) and value.ndim < 2
+        )
+
+    if modality in ("image", "video") and too_few(item):
+        return True
+    if modality == "video":
+        frames = item[0] if isinstance(item, tuple) and len(item) == 2 else item
+        return isinstance(frames, list) and any(
+            isinstance(frame, (np.ndarray, torch.Tensor)) and frame.ndim != 3 for frame in frames
+        )
+    if modality == "audio":
+        if isinstance(item, (dict, Image.Image)):
+            return True
+        return (
+            isinstance(item, tuple) and len(item) == 2 and not isinstance(item[0], (np.ndarray, torch.Tensor))
+        )
+    return False
 
 
 def _no_content(item: object) -> bool:

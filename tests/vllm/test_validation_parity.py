@@ -481,6 +481,48 @@ def audio_without_samples(draw: st.DrawFn, case: Case) -> Outcome:
     )
 
 
+@mutation()
+def image_item_of_too_few_dimensions(draw: st.DrawFn, case: Case) -> Outcome:
+    # vLLM's parser passes a 1-D or 2-D array item on as an image (and splits a 2-D array
+    # given whole into 1-D rows); the model's processor fails on it, naming no field.
+    bad = draw(
+        st.sampled_from([np.zeros((28, 28), np.uint8), np.zeros(28 * 28 * 3, np.uint8), torch.zeros(28)])
+    )
+    return refused(PromptTypeError, f"$.multi_modal_data.image[{_bad_item(draw, case, 'image', bad)}]")
+
+
+@mutation()
+def media_array_of_no_numbers(draw: st.DrawFn, case: Case) -> Outcome:
+    # Strings, bytes, datetimes or records as pixels: the model's processor fails on them.
+    dtype = draw(st.sampled_from(["<U1", "S1", "M8[s]", "m8[s]", [("a", "u1")]]))
+    bad = np.zeros((28, 28, 3), dtype)
+    return refused(PromptTypeError, f"$.multi_modal_data.image[{_bad_item(draw, case, 'image', bad)}]")
+
+
+@mutation(model="qwen2_vl")
+def video_item_of_too_few_dimensions(draw: st.DrawFn, case: Case) -> Outcome:
+    # A 2-D array (a 3-D one given whole splits into them), or frames that are 2-D: the
+    # model's processor fails on the video, naming no field.
+    gray = np.zeros((28, 28), np.uint8)
+    bad: object = draw(st.sampled_from(["video", "frames"]))
+    i = _bad_item(draw, case, "video", gray if bad == "video" else [gray, gray])
+    return refused(PromptTypeError, f"$.multi_modal_data.video[{i}]" + ("[0]" if bad == "frames" else ""))
+
+
+@mutation(model="qwen2_audio", min_items=1)
+def audio_item_no_waveform(draw: st.DrawFn, case: Case) -> Outcome:
+    # vLLM's parser fails on a dict or an image as an audio item, and on a waveform in
+    # (waveform, rate) without an ndim (a list), naming no field.
+    i = draw(st.integers(0, case.counts["audio"] - 1))
+    wave = draw(_wave)
+    bad = draw(st.sampled_from(["dict", "image", "list in a tuple"]))
+    if bad == "list in a tuple":
+        case.items("audio")[i] = ([float(x) for x in wave], 16000)
+        return refused(PromptTypeError, f"$.multi_modal_data.audio[{i}][0]")
+    case.items("audio")[i] = {"waveform": wave} if bad == "dict" else Image.new("L", (28, 28))
+    return refused(PromptTypeError, f"$.multi_modal_data.audio[{i}]")
+
+
 @mutation(model="qwen2_audio", min_items=1)
 def audio_rate_not_positive(draw: st.DrawFn, case: Case) -> Outcome:
     # vLLM resamples (waveform, rate) to the model's rate; its resamplers (torchaudio,
@@ -646,8 +688,15 @@ def bad_options_without_media(draw: st.DrawFn, case: Case) -> Outcome:
 
 @mutation()
 def unsupported_modality(draw: st.DrawFn, case: Case) -> Outcome:
-    others = [m for m in ("image", "video", "audio", "point_cloud") if m not in case.model.modalities]
-    case.data[draw(st.sampled_from(others))] = np.zeros((28, 28, 3), np.uint8)
+    valid = {
+        "image": np.zeros((28, 28, 3), np.uint8),
+        "video": np.zeros((2, 28, 28, 3), np.uint8),
+        "audio": np.zeros(1600, np.float32),
+        "point_cloud": np.zeros((28, 28, 3), np.uint8),
+    }
+    others = [m for m in valid if m not in case.model.modalities]
+    modality = draw(st.sampled_from(others))
+    case.data[modality] = valid[modality]
     return OUT_OF_REACH
 
 

@@ -55,7 +55,7 @@ def _backed_by_bytes(array: np.ndarray[Any, Any]) -> bool:
 def test_arrays_of_any_layout_and_byte_order_decode_read_only_and_backed_by_bytes() -> None:
     big_endian = np.arange(24, dtype=">i4").reshape(2, 3, 4)
     strided = np.arange(60, dtype=np.float64).reshape(3, 4, 5)[:, ::2, ::-1]
-    fortran = np.asfortranarray(np.arange(12, dtype=np.uint16).reshape(3, 4))
+    fortran = np.asfortranarray(np.arange(24, dtype=np.uint16).reshape(2, 3, 4))
     record = TextPrompt(prompt="<image>", multi_modal_data={"image": [big_endian, strided, fortran]})
     back = _round_trip(record)
     for sent, got in zip(record.multi_modal_data["image"], back.multi_modal_data["image"], strict=True):
