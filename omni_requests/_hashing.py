@@ -641,8 +641,9 @@ class MediaHasher:
     >>> len(hasher.key("image", np.zeros((2, 2, 3), dtype=np.uint8)))
     64
 
-    Keys of items whose bytes cannot change (the arrays records hold, and tuples or lists
-    of them) are computed once and reused; see ``docs/design.md``.
+    Keys of items whose bytes cannot change (the arrays records hold, and tuples or a
+    record's own item lists of them; a plain list can change, so it is hashed each time)
+    are computed once and reused; see ``docs/design.md``.
 
     Large items use more than the calling thread; the digest is the same either way.
     From 8 MiB of bytes blake3 hashes with all cores, and an RGB PIL image of 4 MiB of

@@ -937,7 +937,8 @@ def check_bindable(view: tuple[MediaRow, ...]) -> None:
         for i, uuid in enumerate(given or ()):
             if uuid is not None and (items is None or items[i] is None):
                 raise InvalidPromptError(
-                    f"$.multi_modal_data.{modality}[{i}]",
+                    # A modality with UUIDs alone has no data field to name.
+                    f"$.multi_modal_{'uuids' if items is None else 'data'}.{modality}[{i}]",
                     f"the policy binds UUID {uuid!r} to its item's content, but the item is not "
                     "sent (cached only); send the item or scope without bind_content",
                 )

@@ -176,3 +176,22 @@ def test_content_key_hashes_images_as_vllms_parser_makes_them(hasher: MediaHashe
     assert hasher.content_key("image", rgb) == hasher.key("image", rgb)
     # Other modalities and items are hashed as given.
     assert hasher.content_key("video", pixels) == hasher.key("video", pixels)
+
+
+def test_keys_of_tuples_and_a_records_item_lists_of_its_arrays_are_computed_once() -> None:
+    # MediaHasher's docstring: a tuple or a record's own item list of a record's arrays
+    # cannot change, so its key is cached; a plain list can (its holder may append or
+    # swap), so it is hashed at every call.
+    from collections import Counter
+
+    from .conftest import CountingHasher
+
+    hasher = CountingHasher("m")
+    frames = np.zeros((4, 4, 3), np.uint8), np.ones((4, 4, 3), np.uint8)
+    record = TextPrompt(prompt="x", multi_modal_data={"video": [list(frames)]})
+    own = record.multi_modal_data["video"][0]  # the record's own list of its frames
+    # A dict in a tuple can change too: (frames, metadata) is hashed at every call.
+    for item, digests in ((own, 1), (tuple(own), 1), (list(own), 2), ((own[0], {"fps": 1.0}), 2)):
+        CountingHasher.computed = Counter()
+        assert hasher.key("video", item) == hasher.key("video", item)
+        assert sum(CountingHasher.computed.values()) == digests, item

@@ -274,8 +274,9 @@ def test_a_cached_only_item_cannot_be_bound(hasher: MediaHasher) -> None:
     only_uuids = TextPrompt(
         prompt="x", multi_modal_data={"image": _image(1)}, multi_modal_uuids={"audio": "a"}
     )
-    with pytest.raises(InvalidPromptError, match="cached only"):
+    with pytest.raises(InvalidPromptError, match="cached only") as caught:
         scope_to_replica(only_uuids, 0, hasher=hasher, policy=policy)
+    assert caught.value.path == "$.multi_modal_uuids.audio[0]"  # no multi_modal_data.audio to name
     assert scope_to_replica(p, 0, hasher=hasher) is not p  # fine without binding
 
 
@@ -283,13 +284,16 @@ def test_a_bound_records_copy_cannot_make_an_item_cached_only(hasher: MediaHashe
     # A copy keeps the scope and its policy: refused when built, not when it is rendered.
     p = TextPrompt(prompt="x", multi_modal_data={"image": _image(1)}, multi_modal_uuids={"image": "photo"})
     bound = scope_to_replica(p, 0, hasher=hasher, policy=KeyPolicy(bind_content=True))
-    for copy in (
-        lambda: bound.replace_media({"image": [None]}, {"image": ["photo"]}),
-        lambda: attrs.evolve(bound, multi_modal_uuids={"image": ["photo"], "audio": ["a"]}),
+    for copy, path in (
+        (lambda: bound.replace_media({"image": [None]}, {"image": ["photo"]}), "$.multi_modal_data.image[0]"),
+        (
+            lambda: attrs.evolve(bound, multi_modal_uuids={"image": ["photo"], "audio": ["a"]}),
+            "$.multi_modal_uuids.audio[0]",  # UUIDs alone: no data field to name
+        ),
     ):
         with pytest.raises(InvalidPromptError, match="cached only") as caught:
             copy()
-        assert caught.value.path.startswith("$.multi_modal_data.")
+        assert caught.value.path == path
     unbound = scope_to_replica(p, 0, hasher=hasher)
     assert unbound.replace_media({"image": [None]}, {"image": ["photo"]}).multi_modal_data["image"][0] is None
 

@@ -282,3 +282,23 @@ def test_a_mapping_that_hides_a_field_from_its_keys_is_refused_not_read_without_
     # A mapping that lists what it holds reads as the dict it lists.
     plain = {"prompt": "<image>", "multi_modal_data": {"image": np.zeros((2, 2, 3), np.uint8)}}
     assert from_vllm(types.MappingProxyType(plain)) == from_vllm(plain)
+
+
+def test_a_modality_of_none_with_uuids_is_dropped_by_from_vllm_and_refused_by_records() -> None:
+    # docs/design.md: vLLM drops such a modality with its UUIDs (no item, no key), and so
+    # does from_vllm; a record built by hand refuses it (a None value is no list of items).
+    given = {
+        "prompt": "x",
+        "multi_modal_data": {"image": None, "video": video(1)},
+        "multi_modal_uuids": {"image": ["a"], "video": ["v"]},
+    }
+    record = from_vllm(given)
+    assert to_vllm(record)["multi_modal_uuids"] == {"video": ["v"]} and list(record.multi_modal_data) == [
+        "video"
+    ]
+    with pytest.raises(InvalidPromptError, match="is None") as caught:
+        TextPrompt(prompt="x", multi_modal_data={"image": None}, multi_modal_uuids={"image": ["a"]})
+    assert caught.value.path == "$.multi_modal_data.image"
+    with pytest.raises(InvalidPromptError) as caught:  # without UUIDs from_vllm refuses it too
+        from_vllm({"prompt": "x", "multi_modal_data": {"image": None}})
+    assert caught.value.path == "$.multi_modal_data.image"
