@@ -187,6 +187,9 @@ def decode(
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PromptTypeError("$", f"must be bytes, got {type(data).__qualname__}")
+    for name, limit in (("max_bytes", max_bytes), ("max_depth", max_depth)):
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise PromptTypeError(name, f"must be an int, got {type(limit).__qualname__}")
     size = memoryview(data).nbytes
     if size > max_bytes:
         raise WireError("$", f"the message is {size} bytes, over max_bytes={max_bytes}")

@@ -33,7 +33,8 @@ from urllib.request import url2pathname
 import attrs
 import numpy as np
 
-from omni_requests import InvalidPromptError
+from omni_requests import InvalidPromptError, PromptTypeError
+from omni_requests._adapter_api import type_name
 
 __all__ = [
     "DefaultLoader",
@@ -85,6 +86,8 @@ def decode_wav(data: bytes) -> tuple[np.ndarray[Any, Any], int]:
     Channels are averaged to mono. 8-bit (unsigned), 16-, 24- and 32-bit (signed)
     samples are read; compressed or floating-point WAV is not (``wave`` refuses it).
     """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise PromptTypeError("data", f"must be the WAV file's bytes, got {type_name(data)}")
     try:
         with wave.open(io.BytesIO(data)) as wav:
             channels, width, rate = wav.getnchannels(), wav.getsampwidth(), wav.getframerate()
@@ -196,7 +199,31 @@ def _decode_npy_video(data: bytes) -> np.ndarray[Any, Any]:
 
 
 def _resolved(path: str | Path | None) -> Path | None:
-    return None if path is None else Path(path).resolve()
+    if path is None:
+        return None
+    if not isinstance(path, (str, os.PathLike)):
+        raise PromptTypeError(
+            "allowed_local_media_path", f"must be a str, a path or None, got {type_name(path)}"
+        )
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError, ValueError, TypeError) as error:  # a NUL byte, a symlink loop
+        raise InvalidPromptError("allowed_local_media_path", f"cannot resolve {path!r}: {error}") from None
+
+
+def _positive_int(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PromptTypeError(attribute.name, f"must be an int, got {type_name(value)}")
+    if value < 1:
+        raise InvalidPromptError(attribute.name, f"must be at least 1, got {value}")
+
+
+def _optional(kind: type, name: str) -> Any:
+    def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+        if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            raise PromptTypeError(attribute.name, f"must be {name} or None, got {type_name(value)}")
+
+    return check
 
 
 def _vllm_installed() -> bool:
@@ -285,10 +312,10 @@ class DefaultLoader:
     """
 
     allowed_local_media_path: Path | None = attrs.field(default=None, converter=_resolved)
-    image_mode: str | None = "RGB"
-    max_bytes: int = 64 * _MiB
-    max_pixels: int = 64 * _MiB
-    use_vllm: bool | None = None
+    image_mode: str | None = attrs.field(default="RGB", validator=_optional(str, "a str"))
+    max_bytes: int = attrs.field(default=64 * _MiB, validator=_positive_int)
+    max_pixels: int = attrs.field(default=64 * _MiB, validator=_positive_int)
+    use_vllm: bool | None = attrs.field(default=None, validator=_optional(bool, "a bool"))
 
     def __call__(self, modality: str, url: str) -> object:
         if not isinstance(url, str):
@@ -325,7 +352,7 @@ class DefaultLoader:
         media_type, _, encoding = header.rpartition(";")
         if not comma or encoding.lower() != "base64":
             raise MediaLoadError("$", "only base64 data URLs are supported (data:<type>;base64,<data>)")
-        if len(payload) * 3 // 4 > self.max_bytes:
+        if len(payload.rstrip("=")) * 3 // 4 > self.max_bytes:  # the decoded size, padding left out
             raise MediaLoadError("$", f"the media is larger than max_bytes={self.max_bytes}")
         return media_type.partition(";")[0].strip().lower(), payload
 
@@ -340,7 +367,7 @@ class DefaultLoader:
         parsed = urlparse(url)
         try:
             path = Path(url2pathname(parsed.netloc + parsed.path)).resolve()
-        except (OSError, RuntimeError) as error:  # a symlink loop
+        except (OSError, RuntimeError, ValueError) as error:  # a symlink loop, a NUL byte
             raise MediaLoadError("$", f"cannot resolve {url[:80]!r}: {error}") from None
         if root not in path.parents:
             raise MediaLoadError(

@@ -439,6 +439,59 @@ def test_a_decompression_bomb_is_refused_before_decoding(use_vllm: bool | None) 
         )
 
 
+@pytest.mark.parametrize("use_vllm", [None, False])
+def test_an_item_over_max_bytes_is_refused_from_a_data_url_and_a_file(
+    use_vllm: bool | None, tmp_path: Path
+) -> None:
+    # DefaultLoader's max_bytes bounds one item's encoded size, before it is decoded.
+    png = png_bytes(1, side=32)
+    (tmp_path / "a.png").write_bytes(png)
+    loader = DefaultLoader(max_bytes=len(png) - 1, use_vllm=use_vllm, allowed_local_media_path=tmp_path)
+    for url, words in (
+        (data_url("image/png", png), f"the media is larger than max_bytes={len(png) - 1}"),
+        ((tmp_path / "a.png").as_uri(), f"the file has {len(png)} bytes, more than max_bytes={len(png) - 1}"),
+    ):
+        with pytest.raises(MediaLoadError, match=r"^\$\.messages\[0\]\.content\[0\]\.image_url: " + words):
+            chat_to_prompt(_user({"type": "image_url", "image_url": {"url": url}}), loader=loader)
+        fits = DefaultLoader(max_bytes=len(png), use_vllm=use_vllm, allowed_local_media_path=tmp_path)
+        assert chat_to_prompt(_user({"type": "image_url", "image_url": {"url": url}}), loader=fits)
+
+
+def test_a_file_url_holding_a_nul_byte_is_refused_by_name(tmp_path: Path) -> None:
+    # Path.resolve raised ValueError ("embedded null byte") straight out of the loader.
+    loader = DefaultLoader(allowed_local_media_path=tmp_path)
+    with pytest.raises(MediaLoadError, match=r"^\$: cannot resolve .*embedded null byte"):
+        loader("image", (tmp_path / "a").as_uri() + "%00b.png")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "path", "words"),
+    [
+        ({"max_bytes": "1"}, "max_bytes", "must be an int, got str"),
+        ({"max_pixels": 0}, "max_pixels", "must be at least 1, got 0"),
+        ({"max_bytes": True}, "max_bytes", "must be an int, got bool"),
+        (
+            {"allowed_local_media_path": 5},
+            "allowed_local_media_path",
+            "must be a str, a path or None, got int",
+        ),
+        ({"allowed_local_media_path": "a\0b"}, "allowed_local_media_path", "cannot resolve"),
+        ({"image_mode": 1}, "image_mode", "must be a str or None, got int"),
+        ({"use_vllm": "yes"}, "use_vllm", "must be a bool or None, got str"),
+    ],
+)
+def test_loader_settings_are_checked_when_it_is_made(kwargs: dict[str, Any], path: str, words: str) -> None:
+    # They failed inside the first load, with Python's own errors (found by an adversarial review).
+    with pytest.raises((PromptTypeError, InvalidPromptError)) as caught:
+        DefaultLoader(**kwargs)
+    assert caught.value.path == path and words in str(caught.value)
+
+
+def test_decode_wav_refuses_what_is_no_bytes() -> None:
+    with pytest.raises(PromptTypeError, match=r"^data: must be the WAV file's bytes, got str"):
+        decode_wav("abc")  # type: ignore[arg-type]
+
+
 def test_an_npy_header_declaring_more_than_its_bytes_is_refused() -> None:
     from numpy.lib import format as npy
 

@@ -297,6 +297,11 @@ def test_sizes_and_depths_are_bounded() -> None:
     )
     with pytest.raises(WireError):
         decode(very_deep)
+    # The bounds themselves are checked (a str raised Python's own TypeError mid-read).
+    for name, bad in (("max_bytes", "1"), ("max_depth", 2.0), ("max_bytes", True)):
+        with pytest.raises(PromptTypeError, match=f"^{name}: must be an int") as caught:
+            decode(message, **{name: bad})
+        assert caught.value.path == name
 
 
 def test_images_count_their_decoded_pixels_against_max_bytes() -> None:
