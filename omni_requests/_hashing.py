@@ -557,7 +557,10 @@ def _gathers(data: Any) -> bool:
 
 
 def _nbytes_hint(item: object) -> int:
-    nbytes = getattr(item, "nbytes", None)
+    try:
+        nbytes = getattr(item, "nbytes", None)
+    except Exception:  # noqa: BLE001 - a sparse tensor's raises: a hint only, the hash says what fails
+        return 0
     if isinstance(nbytes, int):
         return nbytes
     if isinstance(item, (tuple, list, PVector)):
@@ -635,6 +638,11 @@ class MediaHasher:
     bit for bit, except for an int beyond 64 bits, which has no key here (``ValueError``):
     vLLM hashes the memory address of its object. ``model_id`` must be the model string
     exactly as the engine was given it.
+
+    An item vLLM's hasher cannot hash raises what it raises there, as vLLM would (an
+    object array ``TypeError``, a sparse, nested or meta tensor torch's error, a lone
+    surrogate ``UnicodeEncodeError``, a list nested thousands deep ``RecursionError``):
+    it has no key. Records refuse such items by name when they are built, before any key.
 
     >>> import numpy as np
     >>> hasher = MediaHasher("my-model")

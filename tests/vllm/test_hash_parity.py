@@ -414,3 +414,34 @@ def test_an_rgb_gif_frame_holding_a_palette_is_keyed_as_vllms_parser_hands_it_on
     assert hasher.content_key("image", copy.multi_modal_data["image"][0]) == _vllm_key(
         hasher, "image", parsed
     )
+
+
+def _deep_list(depth: int) -> list[Any]:
+    value: list[Any] = [0]
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: np.array([object(), object()]),
+        lambda: torch.empty(2, 3, device="meta"),
+        lambda: torch.eye(3).to_sparse(),
+        lambda: torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)]),
+        lambda: "\ud800",
+        lambda: _deep_list(5000),
+    ],
+    ids=["object array", "meta tensor", "sparse tensor", "nested tensor", "lone surrogate", "5000 deep"],
+)
+def test_an_item_vllm_cannot_hash_raises_what_vllm_raises_and_a_record_refuses_it(make: Any) -> None:
+    # MediaHasher's docstring: no key exists; records refuse such an item by name.
+    hasher = MediaHasher("m")
+    with pytest.raises(Exception) as theirs:  # whatever vLLM raises
+        _vllm_key(hasher, "image", make())
+    with pytest.raises(type(theirs.value)):
+        hasher.key("image", make())
+    with pytest.raises((PromptTypeError, InvalidPromptError)) as caught:
+        TextPrompt(prompt="x", multi_modal_data={"image": [make()]})
+    assert caught.value.path.startswith("$.multi_modal_data.image[0]")
