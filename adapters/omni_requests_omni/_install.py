@@ -238,6 +238,7 @@ class Stage0Scoping:
         self._parents: dict[str, tuple[int, KeyPolicy | None]] = {}
         self._made: dict[Any, list[_Made]] = {}  # request id -> its scoped records' engine dicts
         self._lock = threading.Lock()
+        self._pool_balancer: Any = None
         self._processor = engine.input_processor
         self._process_inputs = self._processor.process_inputs
         self._build = getattr(engine, _BUILD)
@@ -372,6 +373,10 @@ class Stage0Scoping:
             setattr(self.engine, _COMPANIONS, self.build_cfg_companions)
         pool = self.engine.stage_pools[0]
         if self.balancer is not None:
+            # The balancer the pool had (vllm-omni's membership controller attaches its own
+            # in distributed mode; StagePool keeps it as _lb, with no getter): uninstall
+            # gives it back, where None would leave the distributed pick without one.
+            self._pool_balancer = getattr(pool, "_lb", None)
             if isinstance(self.balancer, Stage0Balancer) and self.balancer.replica_id is None:
                 self.balancer.replica_id = lambda info: pool.get_replica_id_by_addr(info.input_addr)
             pool.attach_load_balancer(self.balancer)  # a distributed pool's own pick uses it too
@@ -393,7 +398,7 @@ class Stage0Scoping:
             else:
                 setattr(owner, name, before)
         if self.balancer is not None:
-            self.engine.stage_pools[0].attach_load_balancer(None)
+            self.engine.stage_pools[0].attach_load_balancer(self._pool_balancer)
 
     def __repr__(self) -> str:
         return f"Stage0Scoping(hasher={self.hasher!r}, balancer={self.balancer!r})"

@@ -204,7 +204,7 @@ class _Pool:
     def __init__(self) -> None:
         self.clients = ["tcp://replica-0", "tcp://replica-1"]
         self.bound: dict[str, str] = {}
-        self.balancer: Any = None
+        self._lb: Any = None  # vllm-omni 0.30's StagePool's name for its attached balancer
 
     @staticmethod
     def _client_input_addr(client: str) -> str:
@@ -223,7 +223,7 @@ class _Pool:
         self.bound[request_id] = address
 
     def attach_load_balancer(self, balancer: Any) -> None:
-        self.balancer = balancer
+        self._lb = balancer
 
 
 class _Processor:
@@ -305,9 +305,9 @@ class _DistributedPool(_Pool):
         self.tasks.append(dict(task or {}))
         if not self.serviceable:
             return None
-        if self.balancer is None:
+        if self._lb is None:
             return self.serviceable[-1]
-        return self.serviceable[self.balancer.select(task, self.serviceable)]
+        return self.serviceable[self._lb.select(task, self.serviceable)]
 
 
 def test_a_distributed_pool_picks_with_the_attached_balancer_and_the_requests_keys() -> None:
@@ -319,7 +319,7 @@ def test_a_distributed_pool_picks_with_the_attached_balancer_and_the_requests_ke
     installed = install_stage0_scoping(engine, hasher=MediaHasher(MODEL), balancer=balancer)
     record = TextPrompt(prompt="<image>", multi_modal_data=_media(5))
     try:
-        assert pool.balancer is balancer
+        assert pool._lb is balancer
         replicas = {engine.add_request(f"req-{n}", record)[0] for n in range(3)}
         assert len(replicas) == 1  # the same media, the same replica: the cache affinity
         (replica,) = replicas
@@ -332,6 +332,26 @@ def test_a_distributed_pool_picks_with_the_attached_balancer_and_the_requests_ke
         assert _same(engine.input_processor.received[-1], _expected(record, replica))
     finally:
         installed.uninstall()
+
+
+def test_uninstall_gives_the_engine_back_its_own_code_and_its_pools_balancer() -> None:
+    # docs/engine-integration.md: scoping.uninstall() runs "the engine's own code again".
+    # It attached None to the pool, where vllm-omni's membership controller had attached
+    # its own balancer in distributed mode: the distributed pick was left without one.
+    engine, pool = _Engine(), _DistributedPool([0, 1])
+    engine.stage_pools = [pool]
+    own = Stage0Balancer(RoundRobin())
+    pool.attach_load_balancer(own)
+    engine_attributes, process_inputs = dict(vars(engine)), engine.input_processor.process_inputs
+    installed = install_stage0_scoping(
+        engine, hasher=MediaHasher(MODEL), balancer=Stage0Balancer(CacheAffinity())
+    )
+    assert pool._lb is not own and engine._build_add_request_message.__self__ is installed  # type: ignore[attr-defined]
+    installed.uninstall()
+    assert pool._lb is own
+    assert vars(engine) == engine_attributes and "process_inputs" not in vars(engine.input_processor)
+    assert engine.input_processor.process_inputs == process_inputs
+    assert engine._build_add_request_message.__func__ is _Engine._build_add_request_message  # type: ignore[attr-defined]
 
 
 class _EqualsAnything(int):

@@ -120,3 +120,27 @@ def test_the_roads_are_compared_for_real(policy: KeyPolicy) -> None:
     assert keys[0] is not None and keys[0].startswith("stage0:rep1:") and keys[0].endswith(":a")
     assert keys[1] is not None and keys[1].endswith(hasher.content_key("image", image + 1))
     assert rendered_uuids(scoped) == {"image": keys} == _by_policy(prompt, hasher, "stage0:rep1:", policy)
+
+
+@PROPERTY
+@given(prompt=S.prompts())
+def test_an_unscoped_record_reads_back_from_its_engine_dict(prompt: Any) -> None:
+    # docs/design.md: from_vllm(to_vllm(record)) gives back the same dict for every
+    # unscoped record, and an equal record unless the dict cannot tell the kind (a tokens
+    # or text prompt carrying prompt_embeds reads back as an embeds prompt, by vLLM's rule).
+    from omni_requests import EmbedsPrompt, EncoderDecoderPrompt
+
+    from ..wire._plain import plain
+
+    sent = to_vllm(prompt)
+    back = from_vllm(sent)
+    assert plain(to_vllm(back)) == plain(sent)
+    parts = (
+        [prompt.encoder_prompt, prompt.decoder_prompt]
+        if isinstance(prompt, EncoderDecoderPrompt)
+        else [prompt]
+    )
+    if not any(
+        getattr(p, "prompt_embeds", None) is not None and not isinstance(p, EmbedsPrompt) for p in parts
+    ):
+        assert back == prompt
