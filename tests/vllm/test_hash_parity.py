@@ -24,10 +24,12 @@ from _tiny_models import VLLM_MISSING
 
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
+import collections
 import io
 import logging
 import math
 import pickle
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,7 +39,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
-from pyrsistent import pvector
+from pyrsistent import pmap, pvector
 from vllm.multimodal.hasher import MultiModalHasher
 
 from omni_requests import InvalidPromptError, MediaHasher, PromptTypeError, TextPrompt, _image_road
@@ -445,3 +447,28 @@ def test_an_item_vllm_cannot_hash_raises_what_vllm_raises_and_a_record_refuses_i
     with pytest.raises((PromptTypeError, InvalidPromptError)) as caught:
         TextPrompt(prompt="x", multi_modal_data={"image": [make()]})
     assert caught.value.path.startswith("$.multi_modal_data.image[0]")
+
+
+@pytest.mark.parametrize(
+    ("bare", "plain"),
+    [
+        (lambda a: pvector([a, a]), lambda a: [a, a]),
+        (lambda a: collections.UserDict({"x": a}), lambda a: {"x": a}),
+        (lambda a: pmap({"x": 1}), lambda a: {"x": 1}),
+        (lambda a: types.MappingProxyType({"x": 1}), lambda a: {"x": 1}),
+    ],
+    ids=["pvector", "UserDict", "pmap", "mappingproxy"],
+)
+def test_a_bare_container_is_keyed_as_the_plain_one_a_record_sends(bare: Any, plain: Any) -> None:
+    # docs/vllm-parity.md: vLLM's hasher pickles a container that is not a plain dict,
+    # list or tuple (or cannot pickle it), so for such a bare item key differs from
+    # hash_kwargs; our key is vLLM's key of the dict or list a record hands on.
+    hasher = MediaHasher("m")
+    array = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
+    ours = hasher.key("custom", bare(array))
+    assert ours == hasher.key("custom", plain(array)) == _vllm_key(hasher, "custom", plain(array))
+    try:
+        theirs = _vllm_key(hasher, "custom", bare(array))
+    except Exception:  # noqa: BLE001 - a mappingproxy: vLLM cannot pickle it, no key at all
+        theirs = None
+    assert theirs != ours
