@@ -111,7 +111,9 @@ def _ndim(value: object) -> int | None:
         # As numpy reads it (a subclass's ndim may lie), and a record's own array as made.
         return _NDIM(as_made(value))  # type: ignore[no-any-return]
     if media_kind(value) is MediaKind.TENSOR:
-        return int(value.ndim)  # type: ignore[attr-defined]
+        # From its sizes as _shape reads them: a subclass's ndim may raise or lie.
+        shape = _shape(value)
+        return None if shape is None else len(shape)
     return None
 
 
@@ -469,16 +471,18 @@ def _number(item: object) -> str:
     return f"a 0-d {type_name(item)} (one number)" if _ndim(item) == 0 else ""
 
 
-# numpy's kinds that hold no numbers: str, bytes, datetime, timedelta, structured, object.
-_NOT_NUMBERS: Final = frozenset("USMmVO")
+# numpy's kinds that are no pixels: str, bytes, datetime, timedelta, structured, object.
+# Audio feature extractors turn str, datetime and one-field records into float32 (tested
+# through Qwen2-Audio's), so only bytes are no samples (object arrays are refused when frozen).
+_NOT_NUMBERS: Final = {"image": frozenset("USMmVO"), "video": frozenset("USMmVO"), "audio": frozenset("S")}
 
 
 def _check_numbers_dtype(where: str, value: object, modality: str) -> None:
-    """Refuses an array of something other than numbers (or bools) as pixels or samples:
-    vLLM's parser takes it, and the model's processor fails on it after routing."""
+    """Refuses an array vLLM's parser takes and the model's processor fails on after
+    routing: pixels of something other than numbers (or bools), samples of bytes."""
     if isinstance(value, np.ndarray):
         dtype = np.ndarray.dtype.__get__(as_made(value))
-        if dtype.kind in _NOT_NUMBERS:
+        if dtype.kind in _NOT_NUMBERS[modality]:
             what = "samples" if modality == "audio" else "pixels"
             raise PromptTypeError(
                 where,
@@ -512,6 +516,14 @@ def _check_item_arrays(where: str, modality: str, items: Sequence[object], *, sp
             )
 
 
+def _waveform_like(value: object) -> bool:
+    """An array, tensor or sequence of samples: what a model's feature extractor may read
+    as the waveform of ``(waveform, rate)`` (None, a dict or an image it cannot)."""
+    if isinstance(value, (np.ndarray, list, tuple, PVector, EmbeddingFields)):
+        return True
+    return media_kind(value) is MediaKind.TENSOR
+
+
 def _check_audio_items(where: str, items: Sequence[object]) -> None:
     # After _check_no_numbers: no item is a number.
     for i, item in enumerate(items):
@@ -537,7 +549,7 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
                 raise PromptTypeError(
                     f"{where}[{i}][0]", f"{number} is not a waveform; give an array of samples"
                 )
-            if _ndim(item[0]) is None:  # vLLM's parser reads the waveform's ndim
+            if not _waveform_like(item[0]):  # a list of samples is the model's to read (some take it)
                 raise PromptTypeError(
                     f"{where}[{i}][0]",
                     f"a {type_name(item[0])} is not a waveform in (waveform, rate) (vLLM's parser "
@@ -1120,12 +1132,16 @@ def _check_uuids_name_their_items(uuids: MediaUUIDs, view: tuple[MediaRow, ...])
         for i, uuid in enumerate(given):
             if uuid is None:
                 continue
-            same = (items is None and old is None) or (
-                items is not None
-                and old is not None
-                and i < len(old)
-                and _same_media(modality, items[i], old[i])
-            )
+            if items is not None and items[i] is None:
+                continue  # an item asked for from the cache: no media goes out under the UUID
+            before_item = old[i] if old is not None and i < len(old) else None
+            if items is not None and before_item is None:
+                raise InvalidPromptError(
+                    f"$.multi_modal_uuids.{modality}[{i}]",
+                    f"UUID {uuid!r} comes from a record that sent no item for it (cached only), so "
+                    "nothing shows this item is the media it names; give the UUIDs you mean",
+                )
+            same = old is None if items is None else _same_media(modality, items[i], before_item)
             if not same:
                 raise InvalidPromptError(
                     f"$.multi_modal_uuids.{modality}[{i}]",

@@ -33,6 +33,7 @@ omni_requests`` does not import it.
 
 from __future__ import annotations
 
+import numbers
 import re
 import uuid
 from typing import Any, Final
@@ -188,8 +189,9 @@ def decode(
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PromptTypeError("$", f"must be bytes, got {type(data).__qualname__}")
     for name, limit in (("max_bytes", max_bytes), ("max_depth", max_depth)):
-        if isinstance(limit, bool) or not isinstance(limit, int):
-            raise PromptTypeError(name, f"must be an int, got {type(limit).__qualname__}")
+        # Any real number but a bool or NaN (math.inf: no limit), compared as it is.
+        if isinstance(limit, (bool, np.bool_)) or not isinstance(limit, numbers.Real) or limit != limit:
+            raise PromptTypeError(name, f"must be a number, got {limit!r} ({type(limit).__qualname__})")
     size = memoryview(data).nbytes
     if size > max_bytes:
         raise WireError("$", f"the message is {size} bytes, over max_bytes={max_bytes}")

@@ -336,6 +336,33 @@ def test_an_array_subclass_cannot_lie_its_way_past_the_video_checks() -> None:
         TextPrompt(prompt="x", multi_modal_data={"video": tuple(frames)})
 
 
+def test_a_tensor_subclass_whose_ndim_raises_or_lies_is_read_by_its_sizes() -> None:
+    # The checks read a tensor's ndim from the subclass: one that raised let its own error
+    # escape, one that lied was refused or kept by its lie (helper-57's review).
+    torch = pytest.importorskip("torch")
+
+    class RaisingNdim(torch.Tensor):  # type: ignore[misc]
+        @property
+        def ndim(self) -> int:
+            raise RuntimeError("no ndim here")
+
+    class LyingNdim(torch.Tensor):  # type: ignore[misc]
+        ndim = property(lambda self: 1)
+
+    for cls in (RaisingNdim, LyingNdim):
+        for shape, modality in (((4, 4, 3), "image"), ((2, 4, 4, 3), "video"), ((4, 3), "image")):
+            plain = torch.zeros(shape)
+            given = plain.as_subclass(cls)
+            try:
+                expected = TextPrompt(prompt="x", multi_modal_data={modality: plain})
+            except PromptTypeError as refused:
+                with pytest.raises(PromptTypeError, match=re.escape(str(refused).split(": ")[0])):
+                    TextPrompt(prompt="x", multi_modal_data={modality: given})
+            else:
+                made = TextPrompt(prompt="x", multi_modal_data={modality: given})
+                assert len(made.multi_modal_data[modality]) == len(expected.multi_modal_data[modality])
+
+
 def test_an_array_reshaped_between_the_dicts_of_one_call_is_frozen_as_it_was_checked() -> None:
     # scope_stage0 freezes an object once per call; a Mapping's own code set the shape of
     # an array an earlier dict of the call had frozen, so the checks read it 4-D while the
@@ -1093,6 +1120,30 @@ def test_replace_media_given_a_records_uuid_map_checks_it_as_the_constructor_doe
         ).multi_modal_uuids,
     )
     assert rendered_uuids(kept) == {"image": ["img-3"]}
+
+
+def test_a_cached_only_records_uuids_follow_up_but_name_no_new_media() -> None:
+    # A record that asks for an item from the engine's cache (item None, UUID given) shows
+    # no media under its UUID: a follow-up asking again is fine, new media under it is not,
+    # since nothing shows the new item is the one the UUID names (helper-57's review).
+    cached = TextPrompt(prompt="x", multi_modal_data={"video": [None]}, multi_modal_uuids={"video": "v-1"})
+    again = TextPrompt(
+        prompt="y", multi_modal_data={"video": [None]}, multi_modal_uuids=cached.multi_modal_uuids
+    )
+    assert rendered_uuids(again) == {"video": ["v-1"]}
+    with pytest.raises(InvalidPromptError, match="'v-1' comes from a record that sent no item") as caught:
+        TextPrompt(
+            prompt="y", multi_modal_data={"video": video(12)}, multi_modal_uuids=cached.multi_modal_uuids
+        )
+    assert caught.value.path == "$.multi_modal_uuids.video[0]"
+    with pytest.raises(InvalidPromptError, match="'v-1' comes from a record that sent no item"):
+        cached.replace_media({"video": video(12)}, cached.multi_modal_uuids)
+    # A record that sent the item may be followed by one asking for it from the cache.
+    sent = TextPrompt(prompt="x", multi_modal_data={"video": video(11)}, multi_modal_uuids={"video": "v-2"})
+    follow = TextPrompt(
+        prompt="y", multi_modal_data={"video": [None]}, multi_modal_uuids=sent.multi_modal_uuids
+    )
+    assert rendered_uuids(follow) == {"video": ["v-2"]}
 
 
 # -- 7. bad input: a clear error naming the field, never a raw one --

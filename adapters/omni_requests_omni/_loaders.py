@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import numbers
 import os
 import stat
 import wave
@@ -212,15 +213,16 @@ def _resolved(path: str | Path | None) -> Path | None:
 
 
 def _positive_int(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    # Any integer (numpy's too: a limit read from a config array), never a bool.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise PromptTypeError(attribute.name, f"must be an int, got {type_name(value)}")
     if value < 1:
         raise InvalidPromptError(attribute.name, f"must be at least 1, got {value}")
 
 
-def _optional(kind: type, name: str) -> Any:
+def _optional(kinds: tuple[type, ...], name: str) -> Any:
     def check(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
-        if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        if value is not None and not isinstance(value, kinds):
             raise PromptTypeError(attribute.name, f"must be {name} or None, got {type_name(value)}")
 
     return check
@@ -312,10 +314,10 @@ class DefaultLoader:
     """
 
     allowed_local_media_path: Path | None = attrs.field(default=None, converter=_resolved)
-    image_mode: str | None = attrs.field(default="RGB", validator=_optional(str, "a str"))
+    image_mode: str | None = attrs.field(default="RGB", validator=_optional((str,), "a str"))
     max_bytes: int = attrs.field(default=64 * _MiB, validator=_positive_int)
     max_pixels: int = attrs.field(default=64 * _MiB, validator=_positive_int)
-    use_vllm: bool | None = attrs.field(default=None, validator=_optional(bool, "a bool"))
+    use_vllm: bool | None = attrs.field(default=None, validator=_optional((bool, np.bool_), "a bool"))
 
     def __call__(self, modality: str, url: str) -> object:
         if not isinstance(url, str):

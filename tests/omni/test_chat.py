@@ -485,6 +485,8 @@ def test_loader_settings_are_checked_when_it_is_made(kwargs: dict[str, Any], pat
     with pytest.raises((PromptTypeError, InvalidPromptError)) as caught:
         DefaultLoader(**kwargs)
     assert caught.value.path == path and words in str(caught.value)
+    # numpy's ints and bools are taken (a limit read from a config array, say).
+    DefaultLoader(max_bytes=np.int64(1 << 20), max_pixels=np.int32(1 << 20), use_vllm=np.bool_(False))
 
 
 def test_decode_wav_refuses_what_is_no_bytes() -> None:

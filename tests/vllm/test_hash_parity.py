@@ -157,8 +157,9 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
         return
     if _unshaped(modality, item):
         # Records refuse an image or video of too few dimensions, a video frame that is
-        # not 3-D, a dict or image as audio, and a waveform without an ndim in (waveform,
-        # rate): vLLM's parser or the model's processor fails on each (test_records.py).
+        # not 3-D, a dict or image as audio, and a waveform in (waveform, rate) that is no
+        # array, tensor or sequence of samples: vLLM's parser or the model's processor
+        # fails on each (test_records.py).
         with pytest.raises(
             (PromptTypeError, InvalidPromptError),
             match=r"is not (an image|a video|a waveform|an audio item)|has no pixels|of no frames|no samples|empty",
@@ -218,8 +219,11 @@ def _unshaped(modality: str, item: object) -> bool:
     if modality == "audio":
         if isinstance(item, (dict, Image.Image)):
             return True
+        # A list or tuple of samples is the model's feature extractor's to read (kept).
         return (
-            isinstance(item, tuple) and len(item) == 2 and not isinstance(item[0], (np.ndarray, torch.Tensor))
+            isinstance(item, tuple)
+            and len(item) == 2
+            and not isinstance(item[0], (np.ndarray, torch.Tensor, list, tuple))
         )
     return False
 

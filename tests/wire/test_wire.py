@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pickle
 import subprocess
 import sys
@@ -298,10 +299,12 @@ def test_sizes_and_depths_are_bounded() -> None:
     with pytest.raises(WireError):
         decode(very_deep)
     # The bounds themselves are checked (a str raised Python's own TypeError mid-read).
-    for name, bad in (("max_bytes", "1"), ("max_depth", 2.0), ("max_bytes", True)):
-        with pytest.raises(PromptTypeError, match=f"^{name}: must be an int") as caught:
+    for name, bad in (("max_bytes", "1"), ("max_depth", None), ("max_bytes", True), ("max_bytes", math.nan)):
+        with pytest.raises(PromptTypeError, match=f"^{name}: must be a number") as caught:
             decode(message, **{name: bad})
         assert caught.value.path == name
+    for fine in (np.int64(1 << 20), math.inf, 1e6):  # numpy's ints, and no limit at all
+        assert decode(message, max_bytes=fine, max_depth=fine) == TextPrompt(prompt="x" * 100)
 
 
 def test_images_count_their_decoded_pixels_against_max_bytes() -> None:
