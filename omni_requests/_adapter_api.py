@@ -16,7 +16,14 @@ from ._embedding_fields import EmbeddingFields, is_embedding_modality, merge_emb
 from ._errors import type_name
 from ._keys import check_index
 from ._media import as_made, is_own_array, is_pil_image, is_torch_tensor, thaw
-from ._records import SINGLE_KINDS, MediaRow, SinglePrompt, check_one_scope, refuse_engine_scoped
+from ._records import (
+    SINGLE_KINDS,
+    MediaRow,
+    SinglePrompt,
+    check_one_scope,
+    fits_embeds_prompt,
+    refuse_engine_scoped,
+)
 from ._scoping import key_bases, one_request
 from ._sealed import seal_of, unsealed
 
@@ -27,6 +34,7 @@ __all__ = [
     "check_index",
     "check_one_scope",
     "derived",
+    "fits_embeds_prompt",
     "is_embedding_modality",
     "is_own_array",
     "is_pil_image",

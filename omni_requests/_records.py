@@ -782,13 +782,23 @@ def _prompt_is_token_ids(value: Sequence[bool] | None) -> PVector[bool] | None:
     return pvector(value)
 
 
+def fits_embeds_prompt(value: object) -> bool:
+    """Whether ``value`` is no tensor, or a tensor of a shape vLLM's renderer reads as an
+    embeds prompt: ``(seq_len, hidden_size)`` or ``(1, seq_len, hidden_size)``."""
+    if not is_torch_tensor(value):
+        return True
+    shape = _shape(value)
+    return shape is not None and (len(shape) == 2 or (len(shape) == 3 and shape[0] == 1))
+
+
 def _prompt_embeds(value: torch.Tensor) -> Any:
     embeds = _as_embeds("$.prompt_embeds", value)
-    shape = tuple(embeds.shape)
-    if len(shape) != 2 and not (len(shape) == 3 and shape[0] == 1):  # as vLLM's renderer reads it
+    if not fits_embeds_prompt(embeds):
+        shape = _shape(embeds)
+        got = "sizes that cannot be read" if shape is None else str(shape)
         raise InvalidPromptError(
             "$.prompt_embeds",
-            f"must be of shape (seq_len, hidden_size) or (1, seq_len, hidden_size), got {shape}",
+            f"must be of shape (seq_len, hidden_size) or (1, seq_len, hidden_size), got {got}",
         )
     return embeds
 

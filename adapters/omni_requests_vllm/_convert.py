@@ -26,6 +26,7 @@ from omni_requests._adapter_api import (
     as_made,
     check_one_scope,
     derived,
+    fits_embeds_prompt,
     is_embedding_modality,
     is_own_array,
     is_pil_image,
@@ -357,5 +358,14 @@ def _kind_of(prompt: Mapping[str, object]) -> type[SinglePrompt]:
         )
     for kind in candidates:
         if all(key in _KEYS[kind] for key in prompt):
+            if (
+                kind is EmbedsPrompt
+                and len(candidates) > 1
+                and not fits_embeds_prompt(prompt["prompt_embeds"])
+            ):
+                # vllm-omni's text or tokens prompt carrying embeddings for a diffusion
+                # stage ((2, seq, hidden) for two images): vLLM's renderer would refuse it
+                # as an embeds prompt, so it reads back as the prompt it came from.
+                continue
             return kind
     return candidates[0]

@@ -109,6 +109,27 @@ def test_to_vllm_emits_the_omni_keys_and_from_vllm_takes_them_back(
     assert from_vllm(out) == record
 
 
+def test_a_text_or_tokens_prompt_carrying_embeddings_of_no_embeds_shape_reads_back_as_itself() -> None:
+    # vllm-omni's diffusion stages take a text prompt's embeddings batched ((2, seq, hidden)
+    # for two images); from_vllm read every dict carrying prompt_embeds as an embeds prompt
+    # and refused that shape, so such a record's own dict did not read back (found by the
+    # long constructor fuzz).
+    for embeds in (torch.zeros(2, 3, 4), torch.zeros(4), torch.tensor(0.0), torch.zeros(1, 2, 3, 4)):
+        for record in (
+            TextPrompt(prompt="a cat", prompt_embeds=embeds),
+            TokensPrompt(prompt_token_ids=[1, 2], prompt_embeds=embeds),
+        ):
+            sent = to_vllm(record)
+            assert from_vllm(sent) == record
+        with pytest.raises(InvalidPromptError, match=r"must be of shape \(seq_len, hidden_size\)") as caught:
+            from_vllm({"prompt_embeds": embeds})  # nothing else tells the kind: an embeds prompt
+        assert caught.value.path == "$.prompt_embeds"
+    # Embeddings of an embeds prompt's shape still make the dict one, as vLLM reads it.
+    for embeds in (torch.zeros(3, 4), torch.zeros(1, 3, 4)):
+        assert type(from_vllm({"prompt": "a cat", "prompt_embeds": embeds})) is EmbedsPrompt
+        assert type(from_vllm({"prompt_token_ids": [1], "prompt_embeds": embeds})) is EmbedsPrompt
+
+
 @pytest.mark.vllm
 def test_required_keys_match_but_for_embeds(omni_typeddicts: dict[str, Any]) -> None:
     def required(kind: type[Any]) -> set[str]:

@@ -112,8 +112,8 @@ def check_record(record: Any) -> None:
     check_pickle(record)
     # The engine's dict reads back as a record that gives the same dict (records refuse
     # video items the dict would carry as another video), and as an equal record where
-    # the dict tells the kind: a tokens or text prompt that carries prompt_embeds reads
-    # back as an embeds prompt, by vLLM's own rule. A scoped record's dict carries
+    # the dict tells the kind: a tokens or text prompt that carries prompt_embeds of an
+    # embeds prompt's shape reads back as an embeds prompt, by vLLM's own rule. A scoped record's dict carries
     # engine-scoped UUIDs, which from_vllm refuses by design, so the unscoped one goes.
     original = unscoped(record)
     sent = to_vllm(original)
