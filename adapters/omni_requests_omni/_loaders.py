@@ -23,6 +23,7 @@ import base64
 import binascii
 import io
 import numbers
+import operator
 import os
 import stat
 import wave
@@ -212,12 +213,29 @@ def _resolved(path: str | Path | None) -> Path | None:
         raise InvalidPromptError("allowed_local_media_path", f"cannot resolve {path!r}: {error}") from None
 
 
-def _positive_int(_: object, attribute: attrs.Attribute[int], value: object) -> None:
-    # Any integer (numpy's too: a limit read from a config array), never a bool.
+def _positive_int(name: str, value: object) -> int:
+    # Any integer (numpy's too: a limit read from a config array), never a bool; kept as
+    # Python's int, which the size arithmetic cannot overflow (np.int64's max + 1 would).
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise PromptTypeError(attribute.name, f"must be an int, got {type_name(value)}")
-    if value < 1:
-        raise InvalidPromptError(attribute.name, f"must be at least 1, got {value}")
+        raise PromptTypeError(name, f"must be an int, got {type_name(value)}")
+    limit = operator.index(value)
+    if limit < 1:
+        raise InvalidPromptError(name, f"must be at least 1, got {limit}")
+    return limit
+
+
+def _max_bytes(value: int) -> int:
+    return _positive_int("max_bytes", value)
+
+
+def _max_pixels(value: int) -> int:
+    return _positive_int("max_pixels", value)
+
+
+def _use_vllm(value: bool | None) -> bool | None:
+    if value is not None and not isinstance(value, (bool, np.bool_)):
+        raise PromptTypeError("use_vllm", f"must be a bool or None, got {type_name(value)}")
+    return None if value is None else bool(value)
 
 
 def _optional(kinds: tuple[type, ...], name: str) -> Any:
@@ -315,9 +333,9 @@ class DefaultLoader:
 
     allowed_local_media_path: Path | None = attrs.field(default=None, converter=_resolved)
     image_mode: str | None = attrs.field(default="RGB", validator=_optional((str,), "a str"))
-    max_bytes: int = attrs.field(default=64 * _MiB, validator=_positive_int)
-    max_pixels: int = attrs.field(default=64 * _MiB, validator=_positive_int)
-    use_vllm: bool | None = attrs.field(default=None, validator=_optional((bool, np.bool_), "a bool"))
+    max_bytes: int = attrs.field(default=64 * _MiB, converter=_max_bytes)
+    max_pixels: int = attrs.field(default=64 * _MiB, converter=_max_pixels)
+    use_vllm: bool | None = attrs.field(default=None, converter=_use_vllm)
 
     def __call__(self, modality: str, url: str) -> object:
         if not isinstance(url, str):

@@ -489,6 +489,26 @@ def test_loader_settings_are_checked_when_it_is_made(kwargs: dict[str, Any], pat
     DefaultLoader(max_bytes=np.int64(1 << 20), max_pixels=np.int32(1 << 20), use_vllm=np.bool_(False))
 
 
+@pytest.mark.parametrize("limit", [np.int64(2**63 - 1), np.uint64(2**64 - 1), np.int8(127), np.uint8(255)])
+def test_a_numpy_limit_at_its_dtypes_maximum_is_kept_as_an_int(
+    media_dir: Path, limit: np.integer[Any]
+) -> None:
+    # Kept as numpy's int, the loader's size arithmetic overflowed: os.read got a negative
+    # count (OSError escaped) or read nothing (found by a review, helper-58).
+    loader = DefaultLoader(
+        allowed_local_media_path=media_dir, max_bytes=limit, max_pixels=limit, use_vllm=np.bool_(False)
+    )
+    assert type(loader.max_bytes) is int and loader.max_bytes == int(limit)
+    assert loader.use_vllm is False
+    url = (media_dir / "cat.png").as_uri()
+    if int(limit) < len((media_dir / "cat.png").read_bytes()):
+        with pytest.raises(MediaLoadError, match="max_bytes"):
+            loader("image", url)
+    else:
+        plain = DefaultLoader(allowed_local_media_path=media_dir, use_vllm=False)
+        assert np.array_equal(np.asarray(loader("image", url)), np.asarray(plain("image", url)))
+
+
 def test_decode_wav_refuses_what_is_no_bytes() -> None:
     with pytest.raises(PromptTypeError, match=r"^data: must be the WAV file's bytes, got str"):
         decode_wav("abc")  # type: ignore[arg-type]
