@@ -21,7 +21,7 @@ __all__ = ["KeyOrigin", "KeyPolicy", "MediaKey", "Scope", "looks_scoped", "reser
 
 # What vllm-omni writes in front of a key; a user UUID shaped like this has been through
 # an engine already and would become a double prefix.
-_SCOPED: Final = re.compile(r"stage\d+:rep\d+:")
+_SCOPED: Final = re.compile(r"stage[0-9]+:rep[0-9]+:")  # ASCII digits: engines write ints
 # What policies write between the scope and a user UUID or content hash: a user UUID that
 # began like this could spell another policy's key (another tenant's, a namespaced one).
 _RESERVED: Final = ("tenant:", "user:", "bound:")

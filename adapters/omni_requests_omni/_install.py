@@ -72,6 +72,25 @@ _MISSING = object()
 _SKIP = object()
 
 
+class _Call:
+    """One call of the engine's message builder: what its scoping hands its
+    ``process_inputs``. Carried per call (a context variable), never by request id: two
+    requests sharing an id in flight would take each other's scoped prompt."""
+
+    __slots__ = ("made", "owner", "request_id", "scoped")
+
+    def __init__(self, owner: Stage0Scoping, request_id: object, made: list[_Made]) -> None:
+        self.owner = owner
+        self.request_id = request_id
+        self.made = made
+        self.scoped: Any = _MISSING
+
+
+_CALL: Final[contextvars.ContextVar[_Call | None]] = contextvars.ContextVar(
+    "omni_requests stage-0 call", default=None
+)
+
+
 class LoadBalancer(Protocol):
     """vllm-omni's load-balancer protocol (``vllm_omni.distributed.omni_coordinator``).
 
@@ -233,10 +252,11 @@ class Stage0Scoping:
         self.engine = engine
         self.hasher = hasher
         self.balancer = balancer
-        self._scoped: dict[str, Any] = {}  # request id -> scoped prompt, between the two calls
+        # request id -> scoped prompt, between the two calls, where the engine calls them
+        # outside its message builder (inside it they pass per call: _Call)
+        self._scoped: dict[str, Any] = {}
         # request id -> its replica and policy, for its CFG companions
         self._parents: dict[str, tuple[int, KeyPolicy | None]] = {}
-        self._made: dict[Any, list[_Made]] = {}  # request id -> its scoped records' engine dicts
         self._lock = threading.Lock()
         self._pool_balancer: Any = None
         self._processor = engine.input_processor
@@ -256,15 +276,15 @@ class Stage0Scoping:
         elif len(args) > 1:
             args = (args[0], _engine_copy(args[1], made), *args[2:])
         request_id = kwargs.get("request_id", args[0] if args else None)
-        if not made:
-            return self._build(*args, **kwargs)
-        with self._lock:
-            self._made[request_id] = made
+        token = _CALL.set(_Call(self, request_id, made))
         try:
             return self._build(*args, **kwargs)
         finally:
-            with self._lock:
-                self._made.pop(request_id, None)
+            _CALL.reset(token)
+
+    def _this_call(self, request_id: object) -> _Call | None:
+        call = _CALL.get()
+        return call if call is not None and call.owner is self and call.request_id == request_id else None
 
     def scope(self, request_id: str, prompt: Any) -> int | None:
         """In place of the engine's helper: choose and bind a replica, scope purely, keep the result."""
@@ -277,16 +297,18 @@ class Stage0Scoping:
             is_diffusion=pool.stage_type == "diffusion",
             select=lambda route: self._select(pool, route),
         )
-        with self._lock:
-            made = self._made.get(request_id)
-        if made:
-            prompt = _as_scoped_records(prompt, made, self.hasher)
+        call = self._this_call(request_id)
+        if call is not None and call.made:
+            prompt = _as_scoped_records(prompt, call.made, self.hasher)
         # as_dicts: the dicts are rendered with the keys routing computed, in this one call.
         replica, scoped = scope_stage0(
             prompt, pool=stage0, hasher=self.hasher, request_id=request_id, as_dicts=True
         )
         with self._lock:
-            self._scoped[request_id] = scoped
+            if call is not None:
+                call.scoped = scoped
+            else:
+                self._scoped[request_id] = scoped
             self._parents.pop(request_id, None)  # a request id used again: never an old replica
             if replica is not None and self._build_companions is not None:
                 self._parents[request_id] = (replica, _policy_of(prompt))
@@ -308,8 +330,12 @@ class Stage0Scoping:
         """The engine's ``process_inputs``, given the scoped prompt of the same request (a
         CFG companion's scoped to its parent's replica)."""
         request_id = kwargs.get("request_id")
-        with self._lock:
-            scoped = self._scoped.pop(request_id, _MISSING)  # type: ignore[arg-type]
+        call = self._this_call(request_id)
+        if call is not None and call.scoped is not _MISSING:
+            scoped, call.scoped = call.scoped, _MISSING
+        else:
+            with self._lock:
+                scoped = self._scoped.pop(request_id, _MISSING)  # type: ignore[arg-type]
         if scoped is not _MISSING:
             kwargs["prompt"] = scoped
         elif "prompt" in kwargs:

@@ -152,11 +152,25 @@ def _refuse_scoped_uuids(prompt: object, path: str) -> None:
     if not isinstance(uuids, Mapping):
         return
     for modality, row in uuids.items():
-        for i, uuid in enumerate(
-            [row] if isinstance(row, str) else row if isinstance(row, (list, tuple)) else ()
-        ):
+        where = f"{path}.multi_modal_uuids.{modality}"
+        for i, uuid in enumerate(_uuid_row(row, where)):
             if isinstance(uuid, str):
-                refuse_engine_scoped(f"{path}.multi_modal_uuids.{modality}[{i}]", str.__str__(uuid))
+                refuse_engine_scoped(f"{where}[{i}]", str.__str__(uuid))
+
+
+def _uuid_row(row: object, where: str) -> list[object]:
+    """A modality's UUIDs as vLLM reads them: a str is one, any other sequence (a deque,
+    a pvector, an array of str) holds them."""
+    if isinstance(row, str):
+        return [row]
+    if isinstance(row, np.ndarray):
+        return list(row.ravel().tolist())
+    if not isinstance(row, Sequence) or isinstance(row, (bytes, bytearray, memoryview)):
+        return []  # no UUIDs to vLLM (it refuses such a row itself)
+    try:
+        return list(row)
+    except Exception as error:  # noqa: BLE001 - whatever a sequence's own code raises
+        raise PromptTypeError(where, f"cannot read its UUIDs ({type(error).__name__}: {error})") from None
 
 
 def carries_media(prompt: object) -> bool:

@@ -10,6 +10,7 @@ the parent's replica under unscoped keys.
 from __future__ import annotations
 
 import copy
+import threading
 from collections import Counter
 from typing import Any
 
@@ -291,3 +292,78 @@ def test_a_request_id_sent_again_unscoped_never_gets_its_old_replica_for_compani
         if request_id == companions[0].companion_id
     ]
     assert calls and not calls[0].get("multi_modal_uuids")
+
+
+def test_two_requests_sharing_an_id_in_flight_each_get_their_own_scoped_prompt() -> None:
+    # The scoping handed its scoped prompt to process_inputs through a dict keyed by
+    # request id: a second request with the same id, scoped in between, took its place,
+    # so one request reached process_inputs unscoped, or with the other's media (found
+    # by an adversarial review, helper-59). Request A pauses between its scoping and its
+    # process_inputs while B, with A's id, goes all the way through.
+    assert ROOT is not None
+    a_scoped, b_scoped = threading.Event(), threading.Event()
+    paused = threading.local()
+
+    class Pausing(_omni_source.engine_type(ROOT)):  # type: ignore[misc]
+        @property
+        def input_processor(self) -> Any:
+            if getattr(paused, "after_scoping", False):
+                paused.after_scoping = False
+                assert b_scoped.wait(30)
+            return self._processor
+
+        @input_processor.setter
+        def input_processor(self, processor: Any) -> None:
+            self._processor = processor
+
+    engine = Pausing()
+    installed = install_stage0_scoping(engine)
+    scope = engine._scope_stage0_multimodal_cache_to_replica
+
+    def scope_then_pause(request_id: str, prompt: Any) -> Any:
+        replica = scope(request_id, prompt)
+        if threading.current_thread().name == "A":
+            paused.after_scoping = True
+            a_scoped.set()
+        else:
+            b_scoped.set()
+        return replica
+
+    engine._scope_stage0_multimodal_cache_to_replica = scope_then_pause
+    sent = {
+        name: {"prompt": "<image>", "multi_modal_data": {"image": _pixels(seed)}}
+        for name, seed in (("A", 1), ("B", 2))
+    }
+    errors: list[BaseException] = []
+
+    def send(name: str) -> None:
+        try:
+            engine._build_add_request_message("same-id", sent[name])
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+            a_scoped.set()
+
+    try:
+        first = threading.Thread(target=send, args=("A",), name="A")
+        first.start()
+        assert a_scoped.wait(30)
+        second = threading.Thread(target=send, args=("B",), name="B")
+        second.start()
+        second.join(30)
+        first.join(30)
+    finally:
+        installed.uninstall()
+    assert not errors
+    got = [prompt for _, prompt in engine.input_processor.calls]
+    names = []
+    for prompt in got:
+        (image,) = prompt["multi_modal_data"]["image"]
+        (key,) = prompt["multi_modal_uuids"]["image"]  # scoped, both of them
+        name = next(
+            n for n in sent if np.array_equal(np.asarray(image), sent[n]["multi_modal_data"]["image"])
+        )
+        replica = int(key.split(":")[1].removeprefix("rep"))
+        alone = scope_to_replica(from_vllm(sent[name]), replica, hasher=MediaHasher(MODEL))
+        assert prompt["multi_modal_uuids"] == to_vllm(alone)["multi_modal_uuids"]
+        names.append(name)
+    assert sorted(names) == ["A", "B"]  # each request its own media, once

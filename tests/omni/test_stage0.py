@@ -8,6 +8,7 @@ with no serviceable replica, and a failed preprocessing step.
 
 from __future__ import annotations
 
+import collections
 import copy
 import io
 import re
@@ -20,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
+from pyrsistent import pvector
 
 from omni_requests import (
     EncoderDecoderPrompt,
@@ -266,6 +268,37 @@ def test_a_dict_an_engine_scoped_is_refused_with_one_live_replica_too(replicas: 
             scope_stage0(prompts, pool=one, hasher=HASHER)
         assert caught.value.path == path
     assert scope_stage0(template, pool=one, hasher=HASHER).prompts is template  # unscoped: as before
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_scoped_key_in_any_sequence_vllm_reads_as_a_uuid_row_is_refused(replicas: int) -> None:
+    # With one replica only list and tuple rows were read, and vLLM reads any sequence
+    # but a str as a row: the old media's scoped key in a deque, a pvector or an array of
+    # str reached the engine with new media (found by an adversarial review, helper-59).
+    stale = f"stage0:rep0:{HASHER.key('image', image_array(0))}"
+    pool = Stage0Pool(replicas=replicas, select=lambda _: 0)
+    for row in (
+        collections.deque([stale]),
+        pvector([stale]),
+        collections.UserList([stale]),
+        np.array([stale]),
+    ):
+        prompt = {
+            "prompt": "<image>",
+            "multi_modal_data": {"image": [image_array(1)]},
+            "multi_modal_uuids": {"image": row},
+        }
+        with pytest.raises((InvalidPromptError, PromptTypeError)) as caught:
+            scope_stage0(prompt, pool=pool, hasher=HASHER)
+        assert caught.value.path.startswith("$.multi_modal_uuids.image"), type(row)
+    # A user UUID spelled with other digits than ASCII's was refused as engine-scoped.
+    other_digits = {
+        "prompt": "<image>",
+        "multi_modal_data": {"image": [image_array(1)]},
+        "multi_modal_uuids": {"image": ["stage\u0660:rep\u0660:x"]},
+    }
+    _, out = scope_stage0(other_digits, pool=_pool(2), hasher=HASHER)
+    assert out["multi_modal_uuids"]["image"][0].endswith(":stage\u0660:rep\u0660:x")
 
 
 def test_a_diffusion_prompt_of_any_shape_passes_through_unchecked() -> None:
