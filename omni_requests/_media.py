@@ -500,6 +500,7 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
         if given_back is not None:
             return given_back
         check_hashable_tensor(value, path)
+        check_tensor_dims(value, path)
         return seal_tensor(value)
     if kind is MediaKind.IMAGE:
         try:  # a file image decodes on first use: fail here, by name, not in a hash
@@ -554,6 +555,25 @@ def image_size_error(image: Any) -> str | None:
         f"{image.size[0]}x{image.size[1]} (an EXIF orientation changed before it was loaded?); "
         "load the image before editing its EXIF, or give image.copy()"
     )
+
+
+def check_tensor_dims(tensor: Any, path: str) -> None:
+    """Refuse a tensor (a subclass) whose ``ndim`` cannot be read or disagrees with its
+    sizes: the record reads its sizes, vLLM's parser its ``ndim``, so they would split
+    or parse it as different items (and the record keeps a subclass as given)."""
+    try:
+        ndim = int.__index__(tensor.ndim)
+        sizes = tuple(int.__index__(side) for side in tensor.shape)
+    except Exception as error:  # noqa: BLE001 - whatever a subclass's properties raise
+        raise PromptTypeError(
+            path, f"the {type_name(tensor)}'s ndim or shape cannot be read ({type(error).__name__}: {error})"
+        ) from None
+    if ndim != len(sizes):
+        raise PromptTypeError(
+            path,
+            f"the {type_name(tensor)} says ndim {ndim} but has shape {sizes}; vLLM's parser reads its "
+            "ndim, the record its shape: give a plain tensor",
+        )
 
 
 def check_hashable_tensor(tensor: Any, path: str) -> None:

@@ -471,23 +471,26 @@ def _number(item: object) -> str:
     return f"a 0-d {type_name(item)} (one number)" if _ndim(item) == 0 else ""
 
 
-# numpy's kinds that are no pixels: str, bytes, datetime, timedelta, structured, object.
-# Audio feature extractors turn str, datetime and one-field records into float32 (tested
-# through Qwen2-Audio's), so only bytes are no samples (object arrays are refused when frozen).
-_NOT_NUMBERS: Final = {"image": frozenset("USMmVO"), "video": frozenset("USMmVO"), "audio": frozenset("S")}
+# numpy's kinds that hold no numbers: str, bytes, datetime, timedelta, structured, object.
+# (An audio feature extractor may turn numeric strings, datetimes or a one-field record
+# into float32 samples; records ask for numbers: see docs/vllm-parity.md.)
+_NOT_NUMBERS: Final = frozenset("USMmVO")
 
 
 def _check_numbers_dtype(where: str, value: object, modality: str) -> None:
-    """Refuses an array vLLM's parser takes and the model's processor fails on after
-    routing: pixels of something other than numbers (or bools), samples of bytes."""
+    """Refuses an array of something other than numbers (or bools) as pixels, which the
+    model's processor fails on after routing, or as samples, which one model's feature
+    extractor reads (numeric text, dates) and another fails on."""
     if isinstance(value, np.ndarray):
         dtype = np.ndarray.dtype.__get__(as_made(value))
-        if dtype.kind in _NOT_NUMBERS[modality]:
-            what = "samples" if modality == "audio" else "pixels"
+        if dtype.kind in _NOT_NUMBERS:
+            why = (
+                "samples (a feature extractor may read numeric text or dates, another fails on them)"
+                if modality == "audio"
+                else "pixels (vLLM's processor fails on it)"
+            )
             raise PromptTypeError(
-                where,
-                f"an array of dtype {dtype} holds no {what} (vLLM's processor fails on it); "
-                "give an array of numbers",
+                where, f"an array of dtype {dtype} holds no {why}; give an array of numbers"
             )
 
 
@@ -558,12 +561,42 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
             _check_numbers_dtype(f"{where}[{i}][0]", item[0], "audio")
             _check_sample_rate(f"{where}[{i}][1]", item[1])
         waveform, at = (item[0], f"{where}[{i}][0]") if isinstance(item, tuple) else (item, f"{where}[{i}]")
+        if isinstance(waveform, (list, tuple, PVector)):
+            _check_samples(at, waveform)
         # vLLM's processor fails on a waveform without samples (and the model decides how
         # few it takes: Qwen2-Audio's refuses one sample too).
         if _empty(waveform):
             shape = _shape(waveform)
             what = f"a waveform of shape {shape} has no samples" if shape else "an empty list of samples"
             raise InvalidPromptError(at, f"{what}, which vLLM's processor fails on")
+
+
+# What a waveform given as a list holds: numbers (np.asarray makes float samples of them).
+_SAMPLES: Final = (int, float, np.integer, np.floating, np.bool_)
+
+
+def _check_samples(where: str, waveform: Sequence[object], *, channel: bool = False) -> None:
+    """Refuses a waveform given as a list (or tuple) of anything but numbers, or lists of
+    them, one per channel: the model's feature extractor fails on it after routing."""
+    try:
+        samples = list(waveform)
+    except Exception as error:  # noqa: BLE001 - whatever a list subclass's own code raises
+        raise PromptTypeError(
+            where, f"its samples cannot be read ({type(error).__name__}: {error})"
+        ) from None
+    if not samples:
+        raise InvalidPromptError(where, "an empty list of samples, which vLLM's processor fails on")
+    for j, sample in enumerate(samples):
+        if isinstance(sample, _SAMPLES):
+            continue
+        if not channel and isinstance(sample, (list, tuple, PVector)):
+            _check_samples(f"{where}[{j}]", sample, channel=True)
+            continue
+        raise PromptTypeError(
+            f"{where}[{j}]",
+            f"a {type_name(sample)} is not a sample; a waveform given as a list holds numbers "
+            "(or a list of them per channel), which the model's feature extractor reads",
+        )
 
 
 # A sample rate: vLLM resamples the waveform from it to the model's rate (None: as it is).

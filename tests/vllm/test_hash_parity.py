@@ -166,6 +166,16 @@ def assert_parity(hasher: MediaHasher, modality: str, item: object) -> None:
         ):
             _in_a_record(modality, item)
         return
+    if _not_samples(modality, item):
+        # Records refuse an audio waveform of no numbers: an array of text, dates or
+        # records, or a list holding anything but numbers (or lists of them per channel);
+        # a rate it may also carry can be refused first (test_records.py).
+        with pytest.raises(
+            (PromptTypeError, InvalidPromptError),
+            match=r"is not a sample|empty list of samples|holds no samples|a sample rate must be",
+        ):
+            _in_a_record(modality, item)
+        return
     if modality == "audio" and isinstance(item, tuple) and _not_a_rate(item[1]):
         # Records refuse a rate vLLM cannot resample from, or reads by accident (a str, a
         # bool: test_records.py); its hasher keys it.
@@ -226,6 +236,24 @@ def _unshaped(modality: str, item: object) -> bool:
             and not isinstance(item[0], (np.ndarray, torch.Tensor, list, tuple))
         )
     return False
+
+
+def _not_samples(modality: str, item: object) -> bool:
+    """Whether records refuse an audio item for what its waveform holds (see assert_parity)."""
+    if modality != "audio":
+        return False
+    main = item[0] if isinstance(item, tuple) and len(item) == 2 else item
+    if isinstance(main, np.ndarray):
+        return main.dtype.kind in "USMmVO"
+
+    def samples(values: list[object] | tuple[object, ...], channel: bool) -> bool:
+        return len(values) > 0 and all(
+            isinstance(v, (int, float, np.integer, np.floating, np.bool_))
+            or (not channel and isinstance(v, (list, tuple)) and samples(v, True))
+            for v in values
+        )
+
+    return isinstance(main, (list, tuple)) and not samples(main, False)
 
 
 def _no_content(item: object) -> bool:

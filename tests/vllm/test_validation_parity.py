@@ -108,6 +108,11 @@ DIVERGENCES: dict[str, Divergence] = {
         "vLLM compares an audio's rate to the model's as float(rate): '16000' or a 0-d array passes "
         "when it equals it, and fails in resampling when it does not",
     ),
+    "audio_samples_not_numbers": Divergence(
+        "stricter",
+        "a feature extractor reads numeric text, dates or a one-field record array as float32 "
+        "samples, and fails on other text or records after routing; records ask for numbers",
+    ),
     "media_io_value_not_mapping": Divergence("stricter", "vLLM only hashes these options, whatever they are"),
     "bad_options_without_media": Divergence(
         "stricter", "vLLM never reads multi_modal_uuids or media options when there are no media"
@@ -545,6 +550,26 @@ def audio_rate_not_a_number(draw: st.DrawFn, case: Case) -> Outcome:
     i = draw(st.integers(0, case.counts["audio"] - 1))
     case.items("audio")[i] = (draw(_wave), draw(st.sampled_from(["16000", np.array(16000.0)])))
     return stricter(PromptTypeError, f"$.multi_modal_data.audio[{i}][1]")
+
+
+@mutation(model="qwen2_audio", min_items=1)
+def audio_samples_not_numbers(draw: st.DrawFn, case: Case) -> Outcome:
+    # Numeric text, dates, a one-field record: Qwen2-Audio's feature extractor reads each
+    # as float32 samples; other text or records it fails on.
+    i = draw(st.integers(0, case.counts["audio"] - 1))
+    wave = draw(_wave)
+    samples = draw(
+        st.sampled_from(
+            [
+                wave.astype("U12"),
+                wave.astype("S12"),
+                (wave * 1000).astype("M8[s]"),
+                np.rec.fromarrays([wave], names="a").view(np.ndarray),
+            ]
+        )
+    )
+    case.items("audio")[i] = samples
+    return stricter(PromptTypeError, f"$.multi_modal_data.audio[{i}]")
 
 
 @mutation()
