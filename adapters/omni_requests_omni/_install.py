@@ -60,7 +60,8 @@ _HELPER = "_scope_stage0_multimodal_cache_to_replica"
 _BUILD = "_build_add_request_message"
 _COMPANIONS = "_build_cfg_companions"
 # Parents' replicas kept for their CFG companions: they are built right after the parent
-# (same call); the bound only stops an engine that never builds them from growing this.
+# (same call); the bound only stops an engine that never builds them from growing this
+# (and the scoped prompts of calls made outside the message builder).
 _PARENTS_KEPT: Final = 4096
 # While a request's CFG companions are built: (parent request id, its stage-0 replica,
 # the policy its keys were scoped under).
@@ -309,6 +310,8 @@ class Stage0Scoping:
                 call.scoped = scoped
             else:
                 self._scoped[request_id] = scoped
+                if len(self._scoped) > _PARENTS_KEPT:  # a request that never reached process_inputs
+                    del self._scoped[next(iter(self._scoped))]
             self._parents.pop(request_id, None)  # a request id used again: never an old replica
             if replica is not None and self._build_companions is not None:
                 self._parents[request_id] = (replica, _policy_of(prompt))
@@ -378,6 +381,13 @@ class Stage0Scoping:
         replicas = [replica for replica in route.replicas if replica in available]
         if not replicas:
             return None
+        bound = getattr(pool, "get_bound_replica_id", None)
+        held = bound(request_id) if callable(bound) and request_id is not None else None
+        if held in replicas:
+            # A request already bound (a streaming update of it) stays on the replica that
+            # holds it, as the pool's own select_replica_id keeps it: asked again, the
+            # balancer could send the update to a replica that has no such request.
+            return held  # type: ignore[no-any-return]
         index = self.balancer.select({"request_id": request_id, "media_keys": route.media_keys}, replicas)
         replica = replicas[index]
         _bind(pool, request_id, replica)

@@ -160,13 +160,16 @@ def _refuse_scoped_uuids(prompt: object, path: str) -> None:
 
 def _uuid_row(row: object, where: str) -> list[object]:
     """A modality's UUIDs as vLLM reads them: a str is one, any other sequence (a deque,
-    a pvector, an array of str) holds them."""
+    a pvector, an array of str) holds them. vLLM indexes anything else with a length (a
+    dict keyed 0, 1, ...), which records refuse: refused here too, by name."""
     if isinstance(row, str):
         return [row]
     if isinstance(row, np.ndarray):
         return list(row.ravel().tolist())
-    if not isinstance(row, Sequence) or isinstance(row, (bytes, bytearray, memoryview)):
-        return []  # no UUIDs to vLLM (it refuses such a row itself)
+    if row is None or isinstance(row, (bytes, bytearray, memoryview)):
+        return []  # no UUIDs vLLM can read (it fails on such a row itself)
+    if not isinstance(row, Sequence):
+        raise PromptTypeError(where, f"must be a str or a list of str or None, got {type_name(row)}")
     try:
         return list(row)
     except Exception as error:  # noqa: BLE001 - whatever a sequence's own code raises

@@ -12,6 +12,7 @@ import collections
 import copy
 import io
 import re
+import types
 import uuid
 from typing import Any, ClassVar
 
@@ -274,7 +275,8 @@ def test_a_dict_an_engine_scoped_is_refused_with_one_live_replica_too(replicas: 
 def test_a_scoped_key_in_any_sequence_vllm_reads_as_a_uuid_row_is_refused(replicas: int) -> None:
     # With one replica only list and tuple rows were read, and vLLM reads any sequence
     # but a str as a row: the old media's scoped key in a deque, a pvector or an array of
-    # str reached the engine with new media (found by an adversarial review, helper-59).
+    # str reached the engine with new media (found by an adversarial review, helper-59);
+    # vLLM indexes a dict keyed 0, 1, ... or a mapping proxy too (helper-60).
     stale = f"stage0:rep0:{HASHER.key('image', image_array(0))}"
     pool = Stage0Pool(replicas=replicas, select=lambda _: 0)
     for row in (
@@ -282,6 +284,8 @@ def test_a_scoped_key_in_any_sequence_vllm_reads_as_a_uuid_row_is_refused(replic
         pvector([stale]),
         collections.UserList([stale]),
         np.array([stale]),
+        {0: stale},
+        types.MappingProxyType({0: stale}),
     ):
         prompt = {
             "prompt": "<image>",

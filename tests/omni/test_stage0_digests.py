@@ -222,6 +222,10 @@ class _Pool:
     def bind(self, request_id: str, address: str) -> None:
         self.bound[request_id] = address
 
+    def get_bound_replica_id(self, request_id: str) -> int | None:
+        address = self.bound.get(request_id)
+        return None if address is None else self.get_replica_id_by_addr(address)
+
     def attach_load_balancer(self, balancer: Any) -> None:
         self._lb = balancer
 
@@ -279,6 +283,27 @@ def test_the_installed_scoping_hashes_each_item_once_per_request(shape: str) -> 
             assert _same(sent, _expected(record, replica))
     finally:
         installed.uninstall()
+
+
+def test_a_bound_request_stays_on_its_replica_when_the_balancer_would_pick_another() -> None:
+    # A streaming update goes down the message builder again under its request's id:
+    # the balancer, asked again, sent it to another replica than the one holding the
+    # request (vllm-omni's own select_replica_id keeps a bound request where it is;
+    # found by a review, helper-60).
+    engine = _Engine()
+    installed = install_stage0_scoping(
+        engine, hasher=MediaHasher(MODEL), balancer=Stage0Balancer(RoundRobin())
+    )
+    record = TextPrompt(prompt="<image><image>", multi_modal_data={"image": _media(7)["image"]})
+    try:
+        first, sent = engine.add_request("stream-1", record)
+        update, sent_again = engine.add_request("stream-1", record)
+        other, _ = engine.add_request("stream-2", record)
+    finally:
+        installed.uninstall()
+    assert first is not None and update == first and other != first  # round robin for a new id
+    assert sent_again["multi_modal_uuids"] == sent["multi_modal_uuids"]
+    assert sent["multi_modal_uuids"]["image"][0].startswith(f"stage0:rep{first}:")
 
 
 @pytest.mark.parametrize("flag", ["false", 1, None])
