@@ -562,41 +562,90 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
             _check_sample_rate(f"{where}[{i}][1]", item[1])
         waveform, at = (item[0], f"{where}[{i}][0]") if isinstance(item, tuple) else (item, f"{where}[{i}]")
         if isinstance(waveform, (list, tuple, PVector)):
-            _check_samples(at, waveform)
+            _check_samples(at, waveform)  # empty ones too
         # vLLM's processor fails on a waveform without samples (and the model decides how
         # few it takes: Qwen2-Audio's refuses one sample too).
-        if _empty(waveform):
+        elif _empty(waveform):
             shape = _shape(waveform)
             what = f"a waveform of shape {shape} has no samples" if shape else "an empty list of samples"
             raise InvalidPromptError(at, f"{what}, which vLLM's processor fails on")
 
 
-# What a waveform given as a list holds: numbers (np.asarray makes float samples of them).
+# What a waveform given as a list holds, as vLLM's parser makes an array of it (np.array):
+# samples (numbers, 0-d arrays or tensors), or channels of equal length (lists of samples,
+# 1-D arrays or tensors). Anything else the model's feature extractor fails on.
 _SAMPLES: Final = (int, float, np.integer, np.floating, np.bool_)
 
 
-def _check_samples(where: str, waveform: Sequence[object], *, channel: bool = False) -> None:
-    """Refuses a waveform given as a list (or tuple) of anything but numbers, or lists of
-    them, one per channel: the model's feature extractor fails on it after routing."""
+def _read_list(where: str, values: Sequence[object]) -> list[object]:
     try:
-        samples = list(waveform)
+        return list(values)
     except Exception as error:  # noqa: BLE001 - whatever a list subclass's own code raises
         raise PromptTypeError(
             where, f"its samples cannot be read ({type(error).__name__}: {error})"
         ) from None
+
+
+def _numbers(value: object, ndim: int) -> bool:
+    """An array or tensor of ``ndim`` dimensions that holds numbers."""
+    if _ndim(value) != ndim:
+        return False
+    return (
+        not isinstance(value, np.ndarray) or np.ndarray.dtype.__get__(as_made(value)).kind not in _NOT_NUMBERS
+    )
+
+
+def _is_sample(value: object) -> bool:
+    return isinstance(value, _SAMPLES) or _numbers(value, 0)
+
+
+def _not_a_sample(where: str, value: object) -> PromptTypeError:
+    return PromptTypeError(
+        where,
+        f"a {type_name(value)} is not a sample; a waveform given as a list holds numbers, or "
+        "one list or 1-D array of them per channel, which the model's feature extractor reads",
+    )
+
+
+def _check_samples(where: str, waveform: Sequence[object]) -> None:
+    """Refuses a waveform given as a list (or tuple) that vLLM's parser cannot make an
+    array of numbers of: the model's feature extractor fails on it after routing."""
+    samples = _read_list(where, waveform)
     if not samples:
         raise InvalidPromptError(where, "an empty list of samples, which vLLM's processor fails on")
-    for j, sample in enumerate(samples):
-        if isinstance(sample, _SAMPLES):
-            continue
-        if not channel and isinstance(sample, (list, tuple, PVector)):
-            _check_samples(f"{where}[{j}]", sample, channel=True)
-            continue
-        raise PromptTypeError(
-            f"{where}[{j}]",
-            f"a {type_name(sample)} is not a sample; a waveform given as a list holds numbers "
-            "(or a list of them per channel), which the model's feature extractor reads",
-        )
+    if _is_sample(samples[0]):
+        j = next((j for j, sample in enumerate(samples) if not _is_sample(sample)), None)
+        if j is None:
+            return
+        if isinstance(samples[j], (list, tuple, PVector)) or _numbers(samples[j], 1):
+            raise PromptTypeError(
+                f"{where}[{j}]", "a channel beside samples; give samples, or one list of them per channel"
+            )
+        raise _not_a_sample(f"{where}[{j}]", samples[j])
+    lengths: list[int] = []
+    for j, channel in enumerate(samples):
+        at = f"{where}[{j}]"
+        if isinstance(channel, (list, tuple, PVector)):
+            values = _read_list(at, channel)
+            for k, sample in enumerate(values):
+                if not _is_sample(sample):
+                    raise _not_a_sample(f"{at}[{k}]", sample)
+            length = len(values)
+        elif _numbers(channel, 1):
+            length = _shape(channel)[0]  # type: ignore[index]
+        elif _is_sample(channel):
+            raise PromptTypeError(
+                at, "a sample beside channels; give samples, or one list of them per channel"
+            )
+        else:
+            raise _not_a_sample(at, channel)
+        if lengths and length != lengths[0]:
+            raise InvalidPromptError(
+                at, f"a channel of {length} samples beside one of {lengths[0]}; channels are of equal length"
+            )
+        lengths.append(length)
+    if not lengths[0]:
+        raise InvalidPromptError(where, "channels of no samples, which vLLM's processor fails on")
 
 
 # A sample rate: vLLM resamples the waveform from it to the model's rate (None: as it is).

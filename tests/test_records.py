@@ -468,19 +468,29 @@ def test_encoder_decoder_holds_two_single_prompts() -> None:
 _IMAGE = np.zeros((2, 2, 3), np.uint8)
 
 
-def test_a_waveform_given_as_a_list_holds_numbers() -> None:
+def test_a_waveform_given_as_a_list_is_one_vllm_can_make_an_array_of_numbers_of() -> None:
     # A list of samples (with its rate or without) is the model's to read: models without
-    # target_channels (Gemma 3n, Granite Speech) take it as it is. What it holds must be
-    # samples: Whisper's feature extractor fails on text, dicts or images in it after
-    # routing, naming no field (found by a review, helper-58).
+    # target_channels (Gemma 3n, Granite Speech) take it as it is, and vLLM's parser makes
+    # an array of it (np.array). What it holds must give an array of numbers: samples, or
+    # channels of equal length. Whisper's feature extractor fails on text, dicts or images
+    # in it, and np.array on ragged or mixed channels, after routing, naming no field
+    # (found by reviews, helper-58 and helper-60).
+    torch = pytest.importorskip("torch")
+    wave = np.linspace(-1, 1, 10, dtype=np.float32)
     for item in (
         ([0.5, 0.25, 0.125], 16000),
         ([0.5, 0.25, 0.125], None),
         ((0.5, np.float32(0.25), 1, True), 16000),
-        ([[0.5, 0.25], [0.0, 0.1]], 16000),  # one list per channel
         [0.5, 0.25, 0.125],
+        list(torch.from_numpy(wave)),  # 0-d tensors
+        list(wave),  # numpy scalars
+        [np.float32(0.5) * np.ones(()), np.ones(())],  # 0-d arrays
+        ([[0.5, 0.25], [0.0, 0.1]], 16000),  # one list per channel
+        ([wave, wave * 2], 16000),  # one array per channel
+        [torch.from_numpy(wave), wave.tolist()],  # a tensor and a list, one per channel
     ):
-        assert len(TextPrompt(prompt="x", multi_modal_data={"audio": [item]}).multi_modal_data["audio"]) == 1
+        made = TextPrompt(prompt="x", multi_modal_data={"audio": [item]})
+        assert len(made.multi_modal_data["audio"]) == 1
 
     class Unreadable(list):  # type: ignore[type-arg]
         def __iter__(self) -> Any:
@@ -501,7 +511,18 @@ def test_a_waveform_given_as_a_list_holds_numbers() -> None:
             PromptTypeError,
             "a list is not a sample",
         ),
-        ([0.5, np.zeros(2)], "$.multi_modal_data.audio[0][1]", PromptTypeError, "is not a sample"),
+        ([0.5, wave], "$.multi_modal_data.audio[0][1]", PromptTypeError, "a channel beside samples"),
+        ([[0.1, 0.2], 0.3], "$.multi_modal_data.audio[0][1]", PromptTypeError, "a sample beside channels"),
+        ([[0.1, 0.2], [0.3]], "$.multi_modal_data.audio[0][1]", InvalidPromptError, "a channel of 1 samples"),
+        ([wave, wave[:4]], "$.multi_modal_data.audio[0][1]", InvalidPromptError, "a channel of 4 samples"),
+        (
+            [np.array(["a"]), np.array(["b"])],
+            "$.multi_modal_data.audio[0][0]",
+            PromptTypeError,
+            "is not a sample",
+        ),
+        ([np.zeros((2, 2))], "$.multi_modal_data.audio[0][0]", PromptTypeError, "is not a sample"),
+        (([[], []], 16000), "$.multi_modal_data.audio[0][0]", InvalidPromptError, "channels of no samples"),
         (((), 16000), "$.multi_modal_data.audio[0][0]", InvalidPromptError, "an empty list of samples"),
         ((Unreadable([0.5]), 16000), "$.multi_modal_data.audio[0][0]", PromptTypeError, "cannot be read"),
     ):
