@@ -7,12 +7,13 @@ the scoped record and the engine's dict from it, fresh lists and dicts included.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from omni_requests import KeyPolicy, MediaHasher, TextPrompt, scope_to_replica
+from omni_requests import KeyPolicy, MediaHasher, TextPrompt, media_keys, scope_to_replica
 from omni_requests_omni import CacheAffinity, RoundRobin, SelectReplica, Stage0Pool, scope_stage0
 from omni_requests_vllm import to_vllm
 
@@ -70,7 +71,7 @@ def run(quick: bool) -> list[Row]:
         prompt=PROMPT, multi_modal_data={"image": images}, multi_modal_uuids={"image": uuids}
     )
     by_content = TextPrompt(prompt=PROMPT, multi_modal_data={"image": images})
-    candidates = {
+    candidates: dict[str, Callable[[], object]] = {
         "dict": _dict_baseline(as_dict),
         "user uuids": _ours(with_uuids, hasher),
         "content keys": _ours(by_content, hasher),
@@ -80,6 +81,8 @@ def run(quick: bool) -> list[Row]:
         "user uuids, content binding": _ours(
             with_uuids, hasher, KeyPolicy(namespaces=True, bind_content=True)
         ),
+        # What a user's own routing reads every request: remembered per hasher and scope.
+        "media_keys": functools.partial(media_keys, scope_to_replica(by_content, 1, hasher=hasher)),
     }
     t = compare(candidates, repeat=5 if quick else 21, number=2000 if quick else 10000, warmup=1)
     # Routing through scope_stage0 costs tens of microseconds: fewer calls a sample, and
@@ -126,6 +129,18 @@ def run(quick: bool) -> list[Row]:
                 met=None if target is None else ratio <= target,
             )
         )
+    keys = t["media_keys"]
+    rows.append(
+        Row(
+            "overhead",
+            "media_keys of a scoped template, 3 images, content keys",
+            keys.best * 1e6,
+            "us per request",
+            baseline=f"dict {base.best * 1e6:.2f} us",
+            note=f"median {keys.median * 1e6:.2f} us",
+            ratio=keys.best / base.best,
+        )
+    )
     routed_base = routed["dict"]
     for name in ("user uuids, RoundRobin", "user uuids, CacheAffinity", "content keys, CacheAffinity"):
         ours = routed[name]
