@@ -70,7 +70,6 @@ _BUILDING_COMPANIONS: Final[contextvars.ContextVar[tuple[str, int, KeyPolicy | N
 )
 _RECORDS = (TextPrompt, TokensPrompt, EmbedsPrompt, EncoderDecoderPrompt)
 _MISSING = object()
-_SKIP = object()
 
 
 class _Call:
@@ -259,6 +258,11 @@ class Stage0Scoping:
         # request id -> its replica and policy, for its CFG companions
         self._parents: dict[str, tuple[int, KeyPolicy | None]] = {}
         self._lock = threading.Lock()
+        # Calls of the message builder under way, and whether uninstall() waits for them
+        # to give the processor its process_inputs back (a call between its scoping and
+        # its process_inputs would reach the engine's own without its scoped prompt).
+        self._in_flight = 0
+        self._uninstalling = False
         self._pool_balancer: Any = None
         self._processor = engine.input_processor
         self._process_inputs = self._processor.process_inputs
@@ -278,10 +282,19 @@ class Stage0Scoping:
             args = (args[0], _engine_copy(args[1], made), *args[2:])
         request_id = kwargs.get("request_id", args[0] if args else None)
         token = _CALL.set(_Call(self, request_id, made))
+        with self._lock:
+            self._in_flight += 1
         try:
             return self._build(*args, **kwargs)
         finally:
             _CALL.reset(token)
+            with self._lock:
+                self._in_flight -= 1
+                last = self._uninstalling and self._in_flight == 0
+                if last:
+                    self._uninstalling = False
+            if last:
+                self._give_back_process_inputs()
 
     def _this_call(self, request_id: object) -> _Call | None:
         call = _CALL.get()
@@ -419,25 +432,40 @@ class Stage0Scoping:
         return self
 
     def uninstall(self) -> None:
-        """Give the engine back the helper, message builder and ``process_inputs`` it had."""
-        build, helper, process_inputs, companions = self._before
-        for owner, name, before in (
-            (self.engine, _BUILD, build),
-            (self.engine, _HELPER, helper),
-            (self._processor, "process_inputs", process_inputs),
-            (self.engine, _COMPANIONS, companions if self._build_companions is not None else _SKIP),
-        ):
-            if before is _SKIP:
-                continue
-            if before is _MISSING:
-                owner.__dict__.pop(name, None)
-            else:
-                setattr(owner, name, before)
+        """Give the engine back the helper, message builder and ``process_inputs`` it had.
+
+        New requests take the engine's own path at once; ``process_inputs`` goes back when
+        the requests already in the message builder are through it, each with its scoped
+        prompt.
+        """
+        build, helper, _, companions = self._before
+        _put_back(self.engine, _BUILD, build)
+        _put_back(self.engine, _HELPER, helper)
+        if self._build_companions is not None:
+            _put_back(self.engine, _COMPANIONS, companions)
+        with self._lock:
+            self._uninstalling = self._in_flight > 0
+            now = not self._uninstalling
+        if now:
+            self._give_back_process_inputs()
         if self.balancer is not None:
             self.engine.stage_pools[0].attach_load_balancer(self._pool_balancer)
 
+    def _give_back_process_inputs(self) -> None:
+        # Unless an installation made since has put its own there (it calls this one on).
+        if self._processor.__dict__.get("process_inputs") == self.process_inputs:
+            _put_back(self._processor, "process_inputs", self._before[2])
+
     def __repr__(self) -> str:
         return f"Stage0Scoping(hasher={self.hasher!r}, balancer={self.balancer!r})"
+
+
+def _put_back(owner: Any, name: str, before: object) -> None:
+    """``owner.name`` as it was before the installation (its class's, if it had none)."""
+    if before is _MISSING:
+        owner.__dict__.pop(name, None)
+    else:
+        setattr(owner, name, before)
 
 
 def _bind(pool: Any, request_id: str | None, replica: int) -> None:

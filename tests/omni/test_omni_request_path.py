@@ -12,7 +12,8 @@ from __future__ import annotations
 import copy
 import threading
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -35,6 +36,7 @@ from . import _omni_source
 ROOT = _omni_source.wheel()
 pytestmark = pytest.mark.skipif(ROOT is None, reason="vllm-omni is not installed")
 MODEL = "/models/tiny-omni"
+_T = TypeVar("_T")
 
 
 def _pixels(seed: int) -> np.ndarray:
@@ -294,71 +296,62 @@ def test_a_request_id_sent_again_unscoped_never_gets_its_old_replica_for_compani
     assert calls and not calls[0].get("multi_modal_uuids")
 
 
-def test_two_requests_sharing_an_id_in_flight_each_get_their_own_scoped_prompt() -> None:
-    # The scoping handed its scoped prompt to process_inputs through a dict keyed by
-    # request id: a second request with the same id, scoped in between, took its place,
-    # so one request reached process_inputs unscoped, or with the other's media (found
-    # by an adversarial review, helper-59). Request A pauses between its scoping and its
-    # process_inputs while B, with A's id, goes all the way through.
-    assert ROOT is not None
-    a_scoped, b_scoped = threading.Event(), threading.Event()
-    paused = threading.local()
+class _Paused:
+    """An engine whose request sent from a thread named "A" pauses between its scoping and
+    its process_inputs until ``resume`` is set; ``a_scoped`` is set when it gets there."""
 
-    class Pausing(_omni_source.engine_type(ROOT)):  # type: ignore[misc]
-        @property
-        def input_processor(self) -> Any:
-            if getattr(paused, "after_scoping", False):
-                paused.after_scoping = False
-                assert b_scoped.wait(30)
-            return self._processor
+    def __init__(self) -> None:
+        assert ROOT is not None
+        self.a_scoped, self.resume = threading.Event(), threading.Event()
+        self.errors: list[BaseException] = []
+        paused = threading.local()
+        resume = self.resume
 
-        @input_processor.setter
-        def input_processor(self, processor: Any) -> None:
-            self._processor = processor
+        class Pausing(_omni_source.engine_type(ROOT)):  # type: ignore[misc]
+            @property
+            def input_processor(self) -> Any:
+                if getattr(paused, "after_scoping", False):
+                    paused.after_scoping = False
+                    assert resume.wait(30)
+                return self._processor
 
-    engine = Pausing()
-    installed = install_stage0_scoping(engine)
-    scope = engine._scope_stage0_multimodal_cache_to_replica
+            @input_processor.setter
+            def input_processor(self, processor: Any) -> None:
+                self._processor = processor
 
-    def scope_then_pause(request_id: str, prompt: Any) -> Any:
-        replica = scope(request_id, prompt)
-        if threading.current_thread().name == "A":
-            paused.after_scoping = True
-            a_scoped.set()
-        else:
-            b_scoped.set()
-        return replica
+        self.engine = Pausing()
+        self.installed = install_stage0_scoping(self.engine)
+        scope = self.engine._scope_stage0_multimodal_cache_to_replica
 
-    engine._scope_stage0_multimodal_cache_to_replica = scope_then_pause
-    sent = {
-        name: {"prompt": "<image>", "multi_modal_data": {"image": _pixels(seed)}}
-        for name, seed in (("A", 1), ("B", 2))
-    }
-    errors: list[BaseException] = []
+        def scope_then_pause(request_id: str, prompt: Any) -> Any:
+            replica = scope(request_id, prompt)
+            if threading.current_thread().name == "A":
+                paused.after_scoping = True
+                self.a_scoped.set()
+            return replica
 
-    def send(name: str) -> None:
-        try:
-            engine._build_add_request_message("same-id", sent[name])
-        except BaseException as error:  # noqa: BLE001 - reported below
-            errors.append(error)
-            a_scoped.set()
+        self.engine._scope_stage0_multimodal_cache_to_replica = scope_then_pause
 
-    try:
-        first = threading.Thread(target=send, args=("A",), name="A")
-        first.start()
-        assert a_scoped.wait(30)
-        second = threading.Thread(target=send, args=("B",), name="B")
-        second.start()
-        second.join(30)
-        first.join(30)
-    finally:
-        installed.uninstall()
-    assert not errors
-    got = [prompt for _, prompt in engine.input_processor.calls]
+    def send(self, name: str, request_id: str, prompt: Any) -> threading.Thread:
+        def run() -> None:
+            try:
+                self.engine._build_add_request_message(request_id, prompt)
+            except BaseException as error:  # noqa: BLE001 - reported by the test
+                self.errors.append(error)
+                self.a_scoped.set()
+
+        thread = threading.Thread(target=run, name=name)
+        thread.start()
+        return thread
+
+
+def _assert_scoped_as_sent(got: list[Any], sent: dict[str, Any]) -> list[str]:
+    """Each prompt process_inputs got carries the keys of its own media, scoped; the
+    names of the requests whose media they are."""
     names = []
     for prompt in got:
         (image,) = prompt["multi_modal_data"]["image"]
-        (key,) = prompt["multi_modal_uuids"]["image"]  # scoped, both of them
+        (key,) = prompt["multi_modal_uuids"]["image"]
         name = next(
             n for n in sent if np.array_equal(np.asarray(image), sent[n]["multi_modal_data"]["image"])
         )
@@ -366,4 +359,80 @@ def test_two_requests_sharing_an_id_in_flight_each_get_their_own_scoped_prompt()
         alone = scope_to_replica(from_vllm(sent[name]), replica, hasher=MediaHasher(MODEL))
         assert prompt["multi_modal_uuids"] == to_vllm(alone)["multi_modal_uuids"]
         names.append(name)
-    assert sorted(names) == ["A", "B"]  # each request its own media, once
+    return names
+
+
+def _image_prompts(*names: str) -> dict[str, Any]:
+    return {
+        name: {"prompt": "<image>", "multi_modal_data": {"image": _pixels(seed)}}
+        for seed, name in enumerate(names, 1)
+    }
+
+
+def test_two_requests_sharing_an_id_in_flight_each_get_their_own_scoped_prompt() -> None:
+    # The scoping handed its scoped prompt to process_inputs through a dict keyed by
+    # request id: a second request with the same id, scoped in between, took its place,
+    # so one request reached process_inputs unscoped, or with the other's media (found
+    # by an adversarial review, helper-59). Request A pauses between its scoping and its
+    # process_inputs while B, with A's id, goes all the way through.
+    paused, sent = _Paused(), _image_prompts("A", "B")
+    try:
+        first = paused.send("A", "same-id", sent["A"])
+        assert paused.a_scoped.wait(30)
+        paused.send("B", "same-id", sent["B"]).join(30)
+        paused.resume.set()
+        first.join(30)
+    finally:
+        paused.resume.set()
+        paused.installed.uninstall()
+    assert not paused.errors
+    got = [prompt for _, prompt in paused.engine.input_processor.calls]
+    assert sorted(_assert_scoped_as_sent(got, sent)) == ["A", "B"]  # each its own media, once
+
+
+def _while_a_is_paused(during: Callable[[_Paused], _T]) -> tuple[_Paused, dict[str, Any], _T]:
+    """``during(paused)`` run while request A waits between its scoping and its
+    process_inputs; A is through when this returns."""
+    paused, sent = _Paused(), _image_prompts("A")
+    first = paused.send("A", "req-a", sent["A"])
+    try:
+        assert paused.a_scoped.wait(30)
+        result = during(paused)
+    finally:
+        paused.resume.set()
+        first.join(30)
+    assert not paused.errors
+    return paused, sent, result
+
+
+def test_uninstalling_while_a_request_is_in_flight_lets_it_finish_scoped() -> None:
+    # uninstall() gave the processor its own process_inputs back at once: a request
+    # between its scoping and its process_inputs reached it without its scoped prompt,
+    # its media under unscoped keys on the replica it was bound to (found by a review,
+    # helper-60). process_inputs goes back when the request is through.
+    def uninstall(paused: _Paused) -> tuple[bool, bool]:
+        paused.installed.uninstall()
+        engine_own = "_build_add_request_message" not in paused.engine.__dict__  # for new requests
+        return engine_own, "process_inputs" in paused.engine.input_processor.__dict__
+
+    paused, sent, (engine_own, still_ours) = _while_a_is_paused(uninstall)
+    processor = paused.engine.input_processor
+    assert engine_own and still_ours  # not yet: A was in flight
+    assert "process_inputs" not in processor.__dict__  # given back once A was through
+    assert _assert_scoped_as_sent([prompt for _, prompt in processor.calls], sent) == ["A"]
+
+
+def test_an_installation_made_while_an_uninstall_waits_keeps_its_process_inputs() -> None:
+    # The first installation gives process_inputs back when its last request is through:
+    # it must not take off the wrapper of an installation made meanwhile.
+    def uninstall_and_install(paused: _Paused) -> Any:
+        paused.installed.uninstall()
+        return install_stage0_scoping(paused.engine)
+
+    paused, _, again = _while_a_is_paused(uninstall_and_install)
+    processor = paused.engine.input_processor
+    try:
+        assert processor.__dict__["process_inputs"] == again.process_inputs
+    finally:
+        again.uninstall()
+    assert processor.__dict__.get("process_inputs") != again.process_inputs
