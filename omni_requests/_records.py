@@ -587,12 +587,15 @@ def _read_list(where: str, values: Sequence[object]) -> list[object]:
 
 
 def _numbers(value: object, ndim: int) -> bool:
-    """An array or tensor of ``ndim`` dimensions that holds numbers."""
+    """An array or tensor of ``ndim`` dimensions that holds numbers numpy can read."""
     if _ndim(value) != ndim:
         return False
-    return (
-        not isinstance(value, np.ndarray) or np.ndarray.dtype.__get__(as_made(value)).kind not in _NOT_NUMBERS
-    )
+    if isinstance(value, np.ndarray):
+        return np.ndarray.dtype.__get__(as_made(value)).kind not in _NOT_NUMBERS
+    try:  # a tensor, as np.array reads it: a bfloat16 one, one needing grad or on a GPU fail
+        return np.asarray(value).dtype.kind not in _NOT_NUMBERS
+    except Exception:  # noqa: BLE001 - whatever the tensor's __array__ raises
+        return False
 
 
 def _is_sample(value: object) -> bool:
@@ -602,8 +605,8 @@ def _is_sample(value: object) -> bool:
 def _not_a_sample(where: str, value: object) -> PromptTypeError:
     return PromptTypeError(
         where,
-        f"a {type_name(value)} is not a sample; a waveform given as a list holds numbers, or "
-        "one list or 1-D array of them per channel, which the model's feature extractor reads",
+        f"a {type_name(value)} is not a sample; a waveform given as a list holds numbers numpy can "
+        "read (vLLM's parser makes an array of it), or one list or 1-D array of them per channel",
     )
 
 

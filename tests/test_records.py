@@ -522,6 +522,19 @@ def test_a_waveform_given_as_a_list_is_one_vllm_can_make_an_array_of_numbers_of(
             "is not a sample",
         ),
         ([np.zeros((2, 2))], "$.multi_modal_data.audio[0][0]", PromptTypeError, "is not a sample"),
+        # numpy cannot read these tensors (np.array fails on the list in vLLM's parser)
+        (
+            [torch.tensor(0.5, dtype=torch.bfloat16)],
+            "$.multi_modal_data.audio[0][0]",
+            PromptTypeError,
+            "not a sample",
+        ),
+        (
+            [torch.tensor(0.5, requires_grad=True)],
+            "$.multi_modal_data.audio[0][0]",
+            PromptTypeError,
+            "not a sample",
+        ),
         (([[], []], 16000), "$.multi_modal_data.audio[0][0]", InvalidPromptError, "channels of no samples"),
         (((), 16000), "$.multi_modal_data.audio[0][0]", InvalidPromptError, "an empty list of samples"),
         ((Unreadable([0.5]), 16000), "$.multi_modal_data.audio[0][0]", PromptTypeError, "cannot be read"),
