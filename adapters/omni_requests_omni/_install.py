@@ -265,7 +265,12 @@ class Stage0Scoping:
         self._uninstalling = False
         self._pool_balancer: Any = None
         self._processor = engine.input_processor
-        self._process_inputs = self._processor.process_inputs
+        leaving = _leaving(self._processor.__dict__.get("process_inputs"))
+        # Under an installation whose uninstall waits for its requests in flight: the
+        # engine's own process_inputs, which this one gives back in its turn.
+        self._process_inputs: Callable[..., Any] = (
+            self._processor.process_inputs if leaving is None else leaving._process_inputs
+        )
         self._build = getattr(engine, _BUILD)
         self._build_companions = getattr(engine, _COMPANIONS, None)
         self._before: tuple[object, object, object, object] = (_MISSING, _MISSING, _MISSING, _MISSING)
@@ -346,8 +351,9 @@ class Stage0Scoping:
         """The engine's ``process_inputs``, given the scoped prompt of the same request (a
         CFG companion's scoped to its parent's replica)."""
         request_id = kwargs.get("request_id")
-        call = self._this_call(request_id)
-        if call is not None and call.scoped is not _MISSING:
+        # The call's own installation, or one uninstalled since whose request is in flight.
+        call = _CALL.get()
+        if call is not None and call.request_id == request_id and call.scoped is not _MISSING:
             scoped, call.scoped = call.scoped, _MISSING
         else:
             with self._lock:
@@ -409,10 +415,12 @@ class Stage0Scoping:
     # -- in and out --
 
     def install(self) -> Stage0Scoping:
+        process_inputs = self._processor.__dict__.get("process_inputs", _MISSING)
+        leaving = _leaving(process_inputs)
         self._before = (
             self.engine.__dict__.get(_BUILD, _MISSING),
             self.engine.__dict__.get(_HELPER, _MISSING),
-            self._processor.__dict__.get("process_inputs", _MISSING),
+            process_inputs if leaving is None else leaving._before[2],
             self.engine.__dict__.get(_COMPANIONS, _MISSING),
         )
         setattr(self.engine, _BUILD, self.build_add_request_message)
@@ -436,7 +444,7 @@ class Stage0Scoping:
 
         New requests take the engine's own path at once; ``process_inputs`` goes back when
         the requests already in the message builder are through it, each with its scoped
-        prompt.
+        prompt (an installation made meanwhile takes it over, and gives it back in turn).
         """
         build, helper, _, companions = self._before
         _put_back(self.engine, _BUILD, build)
@@ -458,6 +466,15 @@ class Stage0Scoping:
 
     def __repr__(self) -> str:
         return f"Stage0Scoping(hasher={self.hasher!r}, balancer={self.balancer!r})"
+
+
+def _leaving(process_inputs: object) -> Stage0Scoping | None:
+    """The installation whose ``process_inputs`` this is, if its uninstall waits for its
+    requests in flight (a new installation goes under it, onto the engine's own)."""
+    owner = getattr(process_inputs, "__self__", None)
+    if isinstance(owner, Stage0Scoping) and owner._uninstalling:
+        return owner
+    return None
 
 
 def _put_back(owner: Any, name: str, before: object) -> None:

@@ -422,17 +422,21 @@ def test_uninstalling_while_a_request_is_in_flight_lets_it_finish_scoped() -> No
     assert _assert_scoped_as_sent([prompt for _, prompt in processor.calls], sent) == ["A"]
 
 
-def test_an_installation_made_while_an_uninstall_waits_keeps_its_process_inputs() -> None:
+def test_an_installation_made_while_an_uninstall_waits_goes_onto_the_engines_own() -> None:
     # The first installation gives process_inputs back when its last request is through:
-    # it must not take off the wrapper of an installation made meanwhile.
+    # it must not take off the wrapper of an installation made meanwhile, nor stay under
+    # it (its wrapper scoped CFG companions a second time, and was given back for good by
+    # the second's uninstall; found by a review, helper-61).
     def uninstall_and_install(paused: _Paused) -> Any:
         paused.installed.uninstall()
         return install_stage0_scoping(paused.engine)
 
-    paused, _, again = _while_a_is_paused(uninstall_and_install)
+    paused, sent, again = _while_a_is_paused(uninstall_and_install)
     processor = paused.engine.input_processor
     try:
         assert processor.__dict__["process_inputs"] == again.process_inputs
+        assert again._process_inputs == type(processor).process_inputs.__get__(processor)  # the engine's own
     finally:
         again.uninstall()
-    assert processor.__dict__.get("process_inputs") != again.process_inputs
+    assert "process_inputs" not in processor.__dict__  # the engine's own, as before both
+    assert _assert_scoped_as_sent([prompt for _, prompt in processor.calls], sent) == ["A"]  # A, scoped
