@@ -460,7 +460,8 @@ class Stage0Scoping:
             self.engine.stage_pools[0].attach_load_balancer(self._pool_balancer)
 
     def _give_back_process_inputs(self) -> None:
-        # Unless an installation made since has put its own there (it calls this one on).
+        # Unless an installation made since has put its own there (it wraps the engine's
+        # own and gives that back).
         if self._processor.__dict__.get("process_inputs") == self.process_inputs:
             _put_back(self._processor, "process_inputs", self._before[2])
 
@@ -470,7 +471,7 @@ class Stage0Scoping:
 
 def _leaving(process_inputs: object) -> Stage0Scoping | None:
     """The installation whose ``process_inputs`` this is, if its uninstall waits for its
-    requests in flight (a new installation goes under it, onto the engine's own)."""
+    requests in flight: a new installation wraps the engine's own instead."""
     owner = getattr(process_inputs, "__self__", None)
     if isinstance(owner, Stage0Scoping) and owner._uninstalling:
         return owner
