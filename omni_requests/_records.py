@@ -565,10 +565,10 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
             _check_samples(at, waveform)  # empty ones too
         # vLLM's processor fails on a waveform without samples (and the model decides how
         # few it takes: Qwen2-Audio's refuses one sample too).
-        elif _empty(waveform):
-            shape = _shape(waveform)
-            what = f"a waveform of shape {shape} has no samples" if shape else "an empty list of samples"
-            raise InvalidPromptError(at, f"{what}, which vLLM's processor fails on")
+        elif (shape := _no_pixels(waveform)) is not None:
+            raise InvalidPromptError(
+                at, f"a waveform of shape {shape} has no samples, which vLLM's processor fails on"
+            )
 
 
 # What a waveform given as a list holds, as vLLM's parser makes an array of it (np.array):
