@@ -263,6 +263,7 @@ class Stage0Scoping:
         # its process_inputs would reach the engine's own without its scoped prompt).
         self._in_flight = 0
         self._uninstalling = False
+        self._installed = False
         self._pool_balancer: Any = None
         self._processor = engine.input_processor
         leaving = _leaving(self._processor.__dict__.get("process_inputs"))
@@ -415,6 +416,13 @@ class Stage0Scoping:
     # -- in and out --
 
     def install(self) -> Stage0Scoping:
+        """Put the scoping into the engine (``install_stage0_scoping`` calls this).
+
+        Refused while the engine has an installation of ours, this one included: what it
+        keeps to give back would be that installation's code, not the engine's.
+        """
+        if isinstance(getattr(self.engine.__dict__.get(_HELPER), "__self__", None), Stage0Scoping):
+            raise PromptTypeError("engine", "already has our scoping installed; uninstall it first")
         process_inputs = self._processor.__dict__.get("process_inputs", _MISSING)
         leaving = _leaving(process_inputs)
         self._before = (
@@ -423,6 +431,8 @@ class Stage0Scoping:
             process_inputs if leaving is None else leaving._before[2],
             self.engine.__dict__.get(_COMPANIONS, _MISSING),
         )
+        with self._lock:
+            self._uninstalling = False  # this handle again, while its uninstall waited: it stays
         setattr(self.engine, _BUILD, self.build_add_request_message)
         setattr(self.engine, _HELPER, self.scope)
         self._processor.process_inputs = self.process_inputs
@@ -437,6 +447,7 @@ class Stage0Scoping:
             if isinstance(self.balancer, Stage0Balancer) and self.balancer.replica_id is None:
                 self.balancer.replica_id = lambda info: pool.get_replica_id_by_addr(info.input_addr)
             pool.attach_load_balancer(self.balancer)  # a distributed pool's own pick uses it too
+        self._installed = True
         return self
 
     def uninstall(self) -> None:
@@ -445,7 +456,13 @@ class Stage0Scoping:
         New requests take the engine's own path at once; ``process_inputs`` goes back when
         the requests already in the message builder are through it, each with its scoped
         prompt (an installation made meanwhile takes it over, and gives it back in turn).
+        Called again, it does nothing: it would put back what this installation found,
+        over an installation made since.
         """
+        with self._lock:
+            installed, self._installed = self._installed, False
+        if not installed:
+            return
         build, helper, _, companions = self._before
         _put_back(self.engine, _BUILD, build)
         _put_back(self.engine, _HELPER, helper)
@@ -536,6 +553,4 @@ def install_stage0_scoping(
         raise PromptTypeError("hasher", f"must be a MediaHasher, got {type_name(hasher)}")
     if balancer is not None and not callable(getattr(balancer, "select", None)):
         raise PromptTypeError("balancer", f"must have select(task, replicas), got {type_name(balancer)}")
-    if isinstance(getattr(engine.__dict__.get(_HELPER), "__self__", None), Stage0Scoping):
-        raise PromptTypeError("engine", "already has our scoping installed; uninstall it first")
     return Stage0Scoping(engine, hasher, balancer).install()

@@ -440,3 +440,21 @@ def test_an_installation_made_while_an_uninstall_waits_goes_onto_the_engines_own
         again.uninstall()
     assert "process_inputs" not in processor.__dict__  # the engine's own, as before both
     assert _assert_scoped_as_sent([prompt for _, prompt in processor.calls], sent) == ["A"]  # A, scoped
+
+
+def test_a_handle_installed_again_while_its_uninstall_waits_stays_installed() -> None:
+    # Its waiting uninstall gave process_inputs back once the request in flight was
+    # through, from under the handle installed again: new requests were scoped by its
+    # helper and reached the engine's own process_inputs without their scoped prompt.
+    def uninstall_and_install_again(paused: _Paused) -> None:
+        paused.installed.uninstall()
+        paused.installed.install()
+
+    paused, sent, _ = _while_a_is_paused(uninstall_and_install_again)
+    processor = paused.engine.input_processor
+    try:
+        assert processor.__dict__["process_inputs"] == paused.installed.process_inputs
+    finally:
+        paused.installed.uninstall()
+    assert "process_inputs" not in processor.__dict__
+    assert _assert_scoped_as_sent([prompt for _, prompt in processor.calls], sent) == ["A"]

@@ -379,6 +379,53 @@ def test_uninstall_gives_the_engine_back_its_own_code_and_its_pools_balancer() -
     assert engine._build_add_request_message.__func__ is _Engine._build_add_request_message  # type: ignore[attr-defined]
 
 
+def _installed_on(engine: _Engine) -> Any:
+    return engine.__dict__.get("_scope_stage0_multimodal_cache_to_replica").__self__  # type: ignore[union-attr]
+
+
+def test_uninstall_called_again_leaves_an_installation_made_since_in_place() -> None:
+    # A second uninstall() put back what the first installation had found, the engine's
+    # own helper and builder, over a second installation: its requests went the engine's
+    # own way (keys written into the caller's dict) and the pool got the first's balancer.
+    engine, pool = _Engine(), _Pool()
+    engine.stage_pools = [pool]
+    first = install_stage0_scoping(engine, hasher=MediaHasher(MODEL), balancer=Stage0Balancer(RoundRobin()))
+    first.uninstall()
+    second = install_stage0_scoping(
+        engine, hasher=MediaHasher(MODEL), balancer=Stage0Balancer(CacheAffinity())
+    )
+    try:
+        first.uninstall()
+        assert _installed_on(engine) is second
+        assert engine._build_add_request_message.__self__ is second  # type: ignore[attr-defined]
+        assert engine.input_processor.process_inputs == second.process_inputs
+        assert pool._lb is second.balancer
+        record = TextPrompt(prompt="<image>", multi_modal_data={"image": _media(4)["image"][:1]})
+        replica, sent = engine.add_request("after", record)
+        assert _same(sent, _expected(record, replica))  # type: ignore[arg-type]
+    finally:
+        second.uninstall()
+    assert "_scope_stage0_multimodal_cache_to_replica" not in vars(engine) and pool._lb is None
+    assert "process_inputs" not in vars(engine.input_processor)
+
+
+def test_installing_a_handle_already_installed_is_refused_and_changes_nothing() -> None:
+    # install() again kept the installation's own code as what to give back: uninstall
+    # then left it in the engine for good.
+    engine = _Engine()
+    installed = install_stage0_scoping(engine, hasher=MediaHasher(MODEL))
+    before, processor_before = dict(vars(engine)), dict(vars(engine.input_processor))
+    with pytest.raises(PromptTypeError, match="already has our scoping installed") as caught:
+        installed.install()
+    assert caught.value.path == "engine"
+    assert vars(engine) == before and vars(engine.input_processor) == processor_before
+    installed.uninstall()
+    assert "_scope_stage0_multimodal_cache_to_replica" not in vars(engine)
+    assert "process_inputs" not in vars(engine.input_processor)
+    installed.install().uninstall()  # uninstalled, the same handle installs again
+    assert "_build_add_request_message" not in vars(engine)
+
+
 class _EqualsAnything(int):
     def __eq__(self, other: object) -> bool:
         return True
