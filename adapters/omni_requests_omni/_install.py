@@ -480,7 +480,7 @@ class Stage0Scoping:
         # Unless an installation made since has put its own there (it wraps the engine's
         # own and gives that back).
         if self._processor.__dict__.get("process_inputs") == self.process_inputs:
-            _put_back(self._processor, "process_inputs", self._before[2])
+            _put_back(self._processor, "process_inputs", _live(self._before[2]))
 
     def __repr__(self) -> str:
         return f"Stage0Scoping(hasher={self.hasher!r}, balancer={self.balancer!r})"
@@ -493,6 +493,17 @@ def _leaving(process_inputs: object) -> Stage0Scoping | None:
     if isinstance(owner, Stage0Scoping) and owner._uninstalling:
         return owner
     return None
+
+
+def _live(process_inputs: object) -> object:
+    """``process_inputs``, or what it wraps where it is the wrapper of an installation
+    uninstalled since (another engine's, sharing this input processor, which found this
+    one's on top and so left its own under it)."""
+    owner = getattr(process_inputs, "__self__", None)
+    while isinstance(owner, Stage0Scoping) and not owner._installed and not owner._uninstalling:
+        process_inputs = owner._before[2]
+        owner = getattr(process_inputs, "__self__", None)
+    return process_inputs
 
 
 def _put_back(owner: Any, name: str, before: object) -> None:

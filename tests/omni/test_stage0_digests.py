@@ -426,6 +426,25 @@ def test_installing_a_handle_already_installed_is_refused_and_changes_nothing() 
     assert "_build_add_request_message" not in vars(engine)
 
 
+@pytest.mark.parametrize("order", ["AB", "BA"])
+def test_two_engines_sharing_one_input_processor_give_it_back_as_it_was(order: str) -> None:
+    # Uninstalled first, A found B's wrapper on top and left its own under it; B's
+    # uninstall then put A's back, for good. Meanwhile each engine's requests are scoped.
+    engines = {"A": _Engine(), "B": _Engine()}
+    engines["B"].input_processor = processor = engines["A"].input_processor
+    installed = {
+        name: install_stage0_scoping(engine, hasher=MediaHasher(MODEL), balancer=Stage0Balancer(RoundRobin()))
+        for name, engine in engines.items()
+    }
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _media(5)["image"][:1]})
+    for name in order:
+        installed[name].uninstall()
+        for other in set(engines) - set(order[: order.index(name) + 1]):
+            replica, sent = engines[other].add_request(f"after-{name}", record)
+            assert _same(sent, _expected(record, replica))  # type: ignore[arg-type]
+    assert "process_inputs" not in vars(processor)
+
+
 class _EqualsAnything(int):
     def __eq__(self, other: object) -> bool:
         return True
