@@ -23,8 +23,9 @@ from ._records import (
     check_one_scope,
     fits_embeds_prompt,
     refuse_engine_scoped,
+    values_equal,
 )
-from ._scoping import key_bases, one_request
+from ._scoping import key_bases, one_request, unscoped
 from ._sealed import seal_of, unsealed
 
 __all__ = [
@@ -47,7 +48,9 @@ __all__ = [
     "seal_of",
     "thaw",
     "type_name",
+    "unscoped",
     "unsealed",
+    "values_equal",
 ]
 
 _T = TypeVar("_T")

@@ -124,6 +124,25 @@ def scope_to_replica(
     return result
 
 
+def unscoped(prompt: _P) -> _P:
+    """``prompt`` without its scope (both parts of a pair): its keys as the caller gave
+    them, its policy gone with the scope. For the roads that scope nothing; never to hand
+    a tenant's record on unscoped where it is scoped again."""
+    if isinstance(prompt, EncoderDecoderPrompt):
+        encoder, decoder = prompt.encoder_prompt, prompt.decoder_prompt
+        parts = [None if part is None else unscoped(part) for part in (encoder, decoder)]
+        if parts[0] is encoder and parts[1] is decoder:
+            return prompt
+        pair: _P = replace_fields(prompt, encoder_prompt=parts[0], decoder_prompt=parts[1])
+        return pair
+    single: SinglePrompt = prompt
+    if single.scope is None:
+        return prompt
+    with_scope = _WITH_SCOPE.get(type(prompt)) or field_copier(type(prompt), ("scope",))
+    result: _P = with_scope(prompt, None)
+    return result
+
+
 def _check_policy_kept(current: KeyPolicy, policy: KeyPolicy) -> None:
     """A policy set on a record stays with it: scoping may add one, never change or drop it."""
     if current != policy and current != _DEFAULT_POLICY:

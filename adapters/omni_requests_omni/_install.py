@@ -48,7 +48,7 @@ from omni_requests import (
     TokensPrompt,
     scope_to_replica,
 )
-from omni_requests._adapter_api import check_index, type_name, unsealed
+from omni_requests._adapter_api import check_index, type_name, unscoped, unsealed, values_equal
 from omni_requests_vllm import from_vllm, to_vllm
 
 from ._routing import RouteRequest, SelectReplica, live_replica_id
@@ -59,17 +59,56 @@ __all__ = ["LoadBalancer", "Stage0Balancer", "Stage0Scoping", "install_stage0_sc
 _HELPER = "_scope_stage0_multimodal_cache_to_replica"
 _BUILD = "_build_add_request_message"
 _COMPANIONS = "_build_cfg_companions"
-# Parents' replicas kept for their CFG companions: they are built right after the parent
-# (same call); the bound only stops an engine that never builds them from growing this
-# (and the scoped prompts of calls made outside the message builder).
-_PARENTS_KEPT: Final = 4096
-# While a request's CFG companions are built: (parent request id, its stage-0 replica,
-# the policy its keys were scoped under).
-_BUILDING_COMPANIONS: Final[contextvars.ContextVar[tuple[str, int, KeyPolicy | None] | None]] = (
-    contextvars.ContextVar("omni_requests building companions", default=None)
-)
+# Scoped prompts of calls made outside the message builder, kept until their
+# process_inputs; the bound only stops an engine that never makes that call from growing it.
+_SCOPED_KEPT: Final = 4096
+# Parents kept for their CFG companions, which vllm-omni builds right after the parent's
+# message, in the same thread; the bound only stops a builder that never follows.
+_PARENTS_KEPT: Final = 64
 _RECORDS = (TextPrompt, TokensPrompt, EmbedsPrompt, EncoderDecoderPrompt)
 _MISSING = object()
+
+
+class _Made(NamedTuple):
+    """A scoped record's engine dict, as the message builder made it."""
+
+    data: object  # the dict's multi_modal_data: a shallow copy of the dict shares it
+    uuids: object  # a copy of its multi_modal_uuids: a deep copy of the dict has equal ones
+    record: Any
+
+
+class _Copies:
+    """What the message builder made of one request's prompt, known by its objects: the
+    engine dicts of its scoped records, and the dicts scoped as they are (its copies of
+    the caller's own dicts, unscoped records' dicts)."""
+
+    __slots__ = ("made", "plain")
+
+    def __init__(self) -> None:
+        self.made: list[_Made] = []
+        self.plain: list[object] = []  # the multi_modal_data of each such dict
+
+    def is_plain(self, prompt: Mapping[str, Any]) -> bool:
+        """Whether ``prompt`` is one of the dicts scoped as they are (or a shallow copy)."""
+        data = prompt.get("multi_modal_data")
+        return data is not None and any(data is own for own in self.plain)
+
+
+class _Parent(NamedTuple):
+    """A request's parent, for its CFG companions: its stage-0 replica, the policy its
+    keys were scoped under and what its prompt was made of."""
+
+    owner: Stage0Scoping
+    request_id: str
+    replica: int
+    policy: KeyPolicy | None
+    copies: _Copies
+
+
+# While a request's CFG companions are built: its parent.
+_BUILDING_COMPANIONS: Final[contextvars.ContextVar[_Parent | None]] = contextvars.ContextVar(
+    "omni_requests building companions", default=None
+)
 
 
 class _Call:
@@ -77,13 +116,14 @@ class _Call:
     ``process_inputs``. Carried per call (a context variable), never by request id: two
     requests sharing an id in flight would take each other's scoped prompt."""
 
-    __slots__ = ("made", "owner", "request_id", "scoped")
+    __slots__ = ("copies", "owner", "parent", "request_id", "scoped")
 
-    def __init__(self, owner: Stage0Scoping, request_id: object, made: list[_Made]) -> None:
+    def __init__(self, owner: Stage0Scoping, request_id: object, copies: _Copies) -> None:
         self.owner = owner
         self.request_id = request_id
-        self.made = made
+        self.copies = copies
         self.scoped: Any = _MISSING
+        self.parent: _Parent | None = None  # set where the request is scoped to a replica
 
 
 _CALL: Final[contextvars.ContextVar[_Call | None]] = contextvars.ContextVar(
@@ -148,16 +188,11 @@ class Stage0Balancer:
         return f"Stage0Balancer({self.policy!r})"
 
 
-class _Made(NamedTuple):
-    """A scoped record's engine dict, as the message builder made it: its UUIDs then."""
-
-    uuids: object  # a copy of the dict's multi_modal_uuids: its rendered keys
-    record: Any
-
-
-def _engine_copy(prompt: Any, made: list[_Made]) -> Any:
+def _engine_copy(prompt: Any, copies: _Copies) -> Any:
     """The caller's dicts and lists copied at every level (media items shared, not copied),
-    single records as their engine dicts (a scoped one noted in ``made``). An
+    single records as their engine dicts, all noted in ``copies``. A scoped record's dict
+    carries its UUIDs as the caller gave them, never the keys of its old scope: vllm-omni
+    keeps this dict (``original_prompt``) for its CFG companions and later stages. An
     encoder-decoder record stays a record, and an encoder-decoder dict with media becomes
     one: vllm-omni adds fields at its top level that an encoder-decoder dict has no place
     for, and scoping then refused it."""
@@ -166,50 +201,81 @@ def _engine_copy(prompt: Any, made: list[_Made]) -> Any:
     if isinstance(prompt, Mapping) and "encoder_prompt" in prompt and carries_media(prompt):
         return from_vllm(prompt)
     if isinstance(prompt, (TextPrompt, TokensPrompt, EmbedsPrompt)):
-        engine = to_vllm(prompt)
-        uuids = engine.get("multi_modal_uuids")
-        if prompt.scope is not None and uuids is not None:
-            made.append(_Made(copy.deepcopy(uuids), prompt))
+        engine = to_vllm(unscoped(prompt))
+        data = engine.get("multi_modal_data")
+        if data is not None:
+            if prompt.scope is None:
+                copies.plain.append(data)
+            else:
+                copies.made.append(_Made(data, copy.deepcopy(engine.get("multi_modal_uuids")), prompt))
         return engine
     if isinstance(prompt, dict):
-        return {key: _engine_copy(value, made) for key, value in prompt.items()}
+        copied = {key: _engine_copy(value, copies) for key, value in prompt.items()}
+        data = copied.get("multi_modal_data")
+        if data is not None:
+            copies.plain.append(data)
+        return copied
     if isinstance(prompt, list):
-        return [_engine_copy(value, made) for value in prompt]
+        return [_engine_copy(value, copies) for value in prompt]
     return prompt
 
 
-def _as_scoped_records(prompt: Any, made: list[_Made], hasher: MediaHasher) -> Any:
-    """``prompt`` with each scoped record's engine dict, its UUIDs as made (a prompt
-    transform may have copied the dict, deeply or not), read back as that record: its user
-    UUIDs (the dict's are rendered, and ``from_vllm`` refuses those) under its policy. The
-    dict's other fields are taken as vllm-omni left them (its ``global_request_id``, a
-    prompt transform's changes); its items, untouched hand-outs, come back without a copy
-    or a hash."""
+def _as_scoped_records(prompt: Any, copies: _Copies, hasher: MediaHasher) -> Any:
+    """``prompt`` with each scoped record's engine dict read back as that record, under its
+    policy (a dict alone would be scoped without it).
+
+    A dict is a record's if it shares the record's engine dict's ``multi_modal_data``
+    (that dict, or a shallow copy a prompt transform made), or if it is a deep copy of it:
+    equal UUIDs and media equal to the record's. Never the caller's own dict, whatever its
+    UUIDs: a copy of a scoped record's dict given new media would go out under the old
+    media's keys (scoping refuses such a dict by name). The dict's other fields are taken
+    as vllm-omni left them (its ``global_request_id``, a prompt transform's changes); its
+    items, untouched hand-outs, come back without a copy or a hash."""
     if isinstance(prompt, list):
-        return [_as_scoped_records(item, made, hasher) for item in prompt]
+        return [_as_scoped_records(item, copies, hasher) for item in prompt]
     if not isinstance(prompt, Mapping):
         return prompt
+    data = prompt.get("multi_modal_data")
+    for made in copies.made:
+        if data is made.data:
+            return _read_back(prompt, made.record, hasher, same_media=False)
+    if copies.is_plain(prompt):
+        return prompt
     uuids = prompt.get("multi_modal_uuids")
-    for rendered, record in made:
-        if uuids == rendered:
-            plain = {name: value for name, value in prompt.items() if name != "multi_modal_uuids"}
-            bases = {modality: list(found) for modality, found in record.multi_modal_uuids.items()}
-            if bases:
-                plain["multi_modal_uuids"] = bases
-            with unsealed():
-                rebuilt = from_vllm(plain)
-            scope = record.scope
-            return scope_to_replica(rebuilt, scope.replica_id, hasher=hasher, policy=scope.policy)
+    for made in copies.made:
+        if uuids == made.uuids:
+            found = _read_back(prompt, made.record, hasher, same_media=True)
+            if found is not None:
+                return found
     if carries_media(prompt):
-        return _under_the_requests_policy(prompt, made, hasher)
+        return _under_the_requests_policy(prompt, copies, hasher)
     return prompt
 
 
-def _under_the_requests_policy(prompt: Mapping[str, Any], made: list[_Made], hasher: MediaHasher) -> Any:
+def _read_back(prompt: Mapping[str, Any], record: Any, hasher: MediaHasher, *, same_media: bool) -> Any:
+    """``prompt``, a scoped record's engine dict, as that record (None where
+    ``same_media`` and its media are not the record's)."""
+    plain = {name: value for name, value in prompt.items() if name != "multi_modal_uuids"}
+    bases = {modality: list(found) for modality, found in record.multi_modal_uuids.items()}
+    if bases:
+        plain["multi_modal_uuids"] = bases
+    with unsealed():
+        rebuilt = from_vllm(plain)
+    if same_media and not (
+        isinstance(rebuilt, (TextPrompt, TokensPrompt, EmbedsPrompt))
+        and values_equal(rebuilt.multi_modal_data, record.multi_modal_data)
+    ):
+        return None
+    scope = record.scope
+    return scope_to_replica(rebuilt, scope.replica_id, hasher=hasher, policy=scope.policy)
+
+
+def _under_the_requests_policy(prompt: Mapping[str, Any], copies: _Copies, hasher: MediaHasher) -> Any:
     """A dict with media that matches no scoped record of its request (a prompt transform
     rebuilt it without the record's UUIDs), under the policy the request's records were
     scoped with: scoped as a plain dict, it lost a tenant's keys."""
-    policies = {record.scope.policy for _, record in made} - {_DEFAULT_POLICY}
+    made = copies.made
+    policies = {record.scope.policy for *_, record in made} - {_DEFAULT_POLICY}
     if not policies:
         return prompt
     if len(policies) > 1:
@@ -225,6 +291,15 @@ def _under_the_requests_policy(prompt: Mapping[str, Any], made: list[_Made], has
 
 
 _DEFAULT_POLICY: Final = KeyPolicy()
+
+
+def _builds_companions(engine: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether vllm-omni builds CFG companions after this message (its add_request does
+    for an engine with a prompt expansion and a request past stage 0)."""
+    if getattr(engine, "prompt_expand_func", None) is None:
+        return False
+    final_stage_id = kwargs.get("final_stage_id", args[4] if len(args) > 4 else 0)
+    return not isinstance(final_stage_id, int) or final_stage_id > 0
 
 
 def _policy_of(prompt: Any) -> KeyPolicy | None:
@@ -255,8 +330,9 @@ class Stage0Scoping:
         # request id -> scoped prompt, between the two calls, where the engine calls them
         # outside its message builder (inside it they pass per call: _Call)
         self._scoped: dict[str, Any] = {}
-        # request id -> its replica and policy, for its CFG companions
-        self._parents: dict[str, tuple[int, KeyPolicy | None]] = {}
+        # id of a request's prompt as the message builder made it -> the request, for its
+        # CFG companions (built from that object; two requests may share an id)
+        self._parents: dict[int, _Parent] = {}
         self._lock = threading.Lock()
         # Calls of the message builder under way, and whether uninstall() waits for them
         # to give the processor its process_inputs back (a call between its scoping and
@@ -281,17 +357,31 @@ class Stage0Scoping:
     def build_add_request_message(self, *args: Any, **kwargs: Any) -> Any:
         """The engine's own message builder, given a copy of the caller's prompt (a record's
         engine dict)."""
-        made: list[_Made] = []
+        copies = _Copies()
         if "prompt" in kwargs:
-            kwargs["prompt"] = _engine_copy(kwargs["prompt"], made)
+            kwargs["prompt"] = engine_prompt = _engine_copy(kwargs["prompt"], copies)
         elif len(args) > 1:
-            args = (args[0], _engine_copy(args[1], made), *args[2:])
+            engine_prompt = _engine_copy(args[1], copies)
+            args = (args[0], engine_prompt, *args[2:])
+        else:
+            engine_prompt = _MISSING
         request_id = kwargs.get("request_id", args[0] if args else None)
-        token = _CALL.set(_Call(self, request_id, made))
+        call = _Call(self, request_id, copies)
+        token = _CALL.set(call)
         with self._lock:
             self._in_flight += 1
+            # An object's id is taken again once it is gone: never an old parent's.
+            self._parents.pop(id(engine_prompt), None)
         try:
-            return self._build(*args, **kwargs)
+            message = self._build(*args, **kwargs)
+            if call.parent is not None and _builds_companions(self.engine, args, kwargs):
+                # vllm-omni builds the companions next, from the message's original_prompt:
+                # this very object, which tells two requests sharing an id apart.
+                with self._lock:
+                    self._parents[id(engine_prompt)] = call.parent
+                    if len(self._parents) > _PARENTS_KEPT:
+                        del self._parents[next(iter(self._parents))]
+            return message
         finally:
             _CALL.reset(token)
             with self._lock:
@@ -318,8 +408,8 @@ class Stage0Scoping:
             select=lambda route: self._select(pool, route),
         )
         call = self._this_call(request_id)
-        if call is not None and call.made:
-            prompt = _as_scoped_records(prompt, call.made, self.hasher)
+        if call is not None:
+            prompt = _as_scoped_records(prompt, call.copies, self.hasher)
         # as_dicts: the dicts are rendered with the keys routing computed, in this one call.
         replica, scoped = scope_stage0(
             prompt, pool=stage0, hasher=self.hasher, request_id=request_id, as_dicts=True
@@ -327,22 +417,22 @@ class Stage0Scoping:
         with self._lock:
             if call is not None:
                 call.scoped = scoped
+                if replica is not None and isinstance(request_id, str):
+                    call.parent = _Parent(self, request_id, replica, _policy_of(prompt), call.copies)
             else:
                 self._scoped[request_id] = scoped
-                if len(self._scoped) > _PARENTS_KEPT:  # a request that never reached process_inputs
+                if len(self._scoped) > _SCOPED_KEPT:  # a request that never reached process_inputs
                     del self._scoped[next(iter(self._scoped))]
-            self._parents.pop(request_id, None)  # a request id used again: never an old replica
-            if replica is not None and self._build_companions is not None:
-                self._parents[request_id] = (replica, _policy_of(prompt))
-                if len(self._parents) > _PARENTS_KEPT:
-                    del self._parents[next(iter(self._parents))]
         return replica
 
     def build_cfg_companions(self, parent_id: str, *args: Any, **kwargs: Any) -> Any:
         """The engine's own companion builder, with the parent's replica known to ``process_inputs``."""
+        original = kwargs.get("original_prompt", args[0] if args else _MISSING)
         with self._lock:
-            parent = self._parents.pop(parent_id, None)
-        token = _BUILDING_COMPANIONS.set(None if parent is None else (parent_id, *parent))
+            parent = self._parents.pop(id(original), None)
+        if parent is not None and parent.request_id != parent_id:
+            parent = None
+        token = _BUILDING_COMPANIONS.set(parent)
         try:
             return self._build_companions(parent_id, *args, **kwargs)  # type: ignore[misc]
         finally:
@@ -363,24 +453,35 @@ class Stage0Scoping:
             kwargs["prompt"] = scoped
         elif "prompt" in kwargs:
             parent = _BUILDING_COMPANIONS.get()
-            if parent is not None and isinstance(request_id, str) and request_id.startswith(parent[0]):
-                kwargs["prompt"] = self._companion(kwargs["prompt"], parent[1], parent[2])
+            # Scoped by the parent's own installation only: another engine's sharing this
+            # processor, whose wrapper this call also goes through, would scope it twice.
+            if (
+                parent is not None
+                and parent.owner is self
+                and isinstance(request_id, str)
+                and request_id.startswith(parent.request_id)
+            ):
+                kwargs["prompt"] = self._companion(kwargs["prompt"], parent)
         if "prompt" in kwargs:
             kwargs["prompt"] = _to_engine(kwargs["prompt"])
         return self._process_inputs(*args, **kwargs)
 
-    def _companion(self, prompt: Any, replica: int, policy: KeyPolicy | None) -> Any:
+    def _companion(self, prompt: Any, parent: _Parent) -> Any:
         """A companion's prompt scoped to its parent's replica, under its parent's policy
-        (prompts without media as they are)."""
+        (prompts without media as they are). A copy of a scoped record's engine dict (a
+        model's expansion copies its parent's) is read back as that record."""
         if isinstance(prompt, list):
-            return [self._companion(item, replica, policy) for item in prompt]
+            return [self._companion(item, parent) for item in prompt]
         if isinstance(prompt, Mapping):
             if not prompt.get("multi_modal_data"):
                 return prompt
             with unsealed():  # its items are the parent's (hand-outs read back without a copy)
-                prompt = from_vllm(prompt)
+                prompt = _as_scoped_records(prompt, parent.copies, self.hasher)
+                if isinstance(prompt, Mapping):
+                    prompt = from_vllm(prompt)
         if isinstance(prompt, _RECORDS):
-            return to_vllm(scope_to_replica(prompt, replica, hasher=self.hasher, policy=policy))
+            scoped = scope_to_replica(prompt, parent.replica, hasher=self.hasher, policy=parent.policy)
+            return to_vllm(scoped)
         return prompt
 
     # -- choosing a replica --
@@ -428,7 +529,11 @@ class Stage0Scoping:
         self._before = (
             self.engine.__dict__.get(_BUILD, _MISSING),
             self.engine.__dict__.get(_HELPER, _MISSING),
-            process_inputs if leaving is None else leaving._before[2],
+            # Under an installation whose uninstall waits, its wrapper all the same: given
+            # back before its requests are through, they would reach the engine's own without
+            # their scoped prompts (_live skips it once they are). This handle's own, installed
+            # again while it waited: what it had.
+            self._before[2] if leaving is self else process_inputs,
             self.engine.__dict__.get(_COMPANIONS, _MISSING),
         )
         with self._lock:
@@ -500,7 +605,11 @@ def _live(process_inputs: object) -> object:
     uninstalled since (another engine's, sharing this input processor, which found this
     one's on top and so left its own under it)."""
     owner = getattr(process_inputs, "__self__", None)
+    seen: set[int] = set()
     while isinstance(owner, Stage0Scoping) and not owner._installed and not owner._uninstalling:
+        if id(owner) in seen:  # never: each wraps what was there before it
+            raise RuntimeError("stage-0 installations wrap each other's process_inputs")
+        seen.add(id(owner))
         process_inputs = owner._before[2]
         owner = getattr(process_inputs, "__self__", None)
     return process_inputs

@@ -18,6 +18,7 @@ import numpy as np
 from omni_requests import (
     EncoderDecoderPrompt,
     InvalidPromptError,
+    KeyPolicy,
     MediaHasher,
     OmniRequestsError,
     PromptTypeError,
@@ -30,6 +31,7 @@ from omni_requests._adapter_api import (
     one_request,
     refuse_engine_scoped,
     type_name,
+    unscoped,
     unsealed,
 )
 from omni_requests_vllm import from_vllm, to_vllm
@@ -194,6 +196,36 @@ def carries_media(prompt: object) -> bool:
 
 
 _PART_NAMES: Final = (".encoder_prompt", ".decoder_prompt")
+_DEFAULT_POLICY: Final = KeyPolicy()
+
+
+def _scopes(item: object) -> list[Any]:
+    """The scopes of a record's parts (none for a dict, a str or tokens)."""
+    parts = _parts(item) if isinstance(item, _RECORDS) else []
+    return [part.scope for part in parts if part is not None and part.scope is not None]
+
+
+def _unscoped(prompts: object, batch: list[object] | None, why: str | None) -> object:
+    """``prompts`` with each scoped record unscoped: where nothing is scoped, a record's old
+    scope would send its keys as scoped to a replica the request may not go to, the old
+    media's there. ``why``: nothing is scoped because no replica was chosen, so a record
+    under a policy is refused (unscoped, it would go out without its protection)."""
+    items = [prompts] if batch is None else batch
+    if not any(_scopes(item) for item in items):
+        return prompts  # the caller's own object, as documented
+    if why is not None:
+        for i, item in enumerate(items):
+            for scope in _scopes(item):
+                if scope.policy != _DEFAULT_POLICY:
+                    raise InvalidPromptError(
+                        "$" if batch is None else f"$[{i}]",
+                        f"is scoped under {scope.policy!r}, and {why}: sent unscoped it would "
+                        "lose its policy; send it again once stage 0 can take it",
+                    )
+    if batch is None:
+        return unscoped(prompts)  # type: ignore[type-var]
+    fresh = [unscoped(item) if _scopes(item) else item for item in batch]  # type: ignore[type-var]
+    return tuple(fresh) if isinstance(prompts, tuple) else fresh
 
 
 def _parts(record: object) -> list[Any]:
@@ -317,8 +349,14 @@ def scope_stage0(
       ``as_dicts=True`` records come back as dicts too (``to_vllm`` of the scoped
       record): what ``process_inputs`` takes.
     - passed through, ``(None, prompts)`` with ``prompts`` itself: stage 0 has one
-      live replica or is a diffusion stage; ``prompts`` is already an engine request;
-      no prompt carries ``multi_modal_data``; or ``pool.select`` returned ``None``.
+      live replica (or none) or is a diffusion stage; ``prompts`` is already an engine
+      request; no prompt carries ``multi_modal_data``; or ``pool.select`` returned
+      ``None``. A record scoped earlier (a retry) is never passed on in its old scope,
+      whose keys would name the old replica's cache: with one live replica it is scoped
+      to that one (with the request's other prompts), and elsewhere it comes back
+      unscoped (in a new list where it is in a batch), or, when it carries a
+      :class:`~omni_requests.KeyPolicy` and no replica could be chosen (none live,
+      ``select`` returned ``None``), it is refused by name rather than sent without it.
 
     Every dict is checked (``from_vllm``) and every item keyed before ``pool.select``
     is called, so a bad prompt raises (naming e.g. ``$[1].multi_modal_uuids.image``)
@@ -350,20 +388,27 @@ def scope_stage0(
     if not isinstance(as_dicts, bool):
         raise PromptTypeError("as_dicts", f"must be a bool, got {type_name(as_dicts)}")
     if pool.is_diffusion:
-        return Stage0Result(None, prompts)
-    if len(pool.replicas) <= 1:
-        # Nothing is scoped, but a dict carrying keys an engine scoped (a copy of a scoped
-        # dict given new media) would reach it as they are: the old media's, still cached
-        # on that replica when it was one of several.
-        batch = _batch(prompts)
-        for i, item in enumerate([prompts] if batch is None else batch):
-            _refuse_scoped_uuids(item, "$" if batch is None else f"$[{i}]")
-        return Stage0Result(None, prompts)
+        # No processor cache: no key to keep apart, no policy to keep; the prompts are
+        # read no further than a record or a plain list or tuple of them.
+        plain = type(prompts) is list or type(prompts) is tuple
+        return Stage0Result(None, _unscoped(prompts, list(prompts) if plain else None, None))  # type: ignore[call-overload]
     if _is_engine_request(prompts, pool.engine_request_types):
         return Stage0Result(None, prompts)
     batch = _batch(prompts)
     many = batch is not None
     items: list[object] = [prompts] if batch is None else batch
+    if len(pool.replicas) <= 1 and not (
+        pool.replicas and any(_scopes(item) and carries_media(item) for item in items)
+    ):
+        # Nothing is scoped, but a dict carrying keys an engine scoped (a copy of a scoped
+        # dict given new media) would reach it as they are: the old media's, still cached
+        # on that replica when it was one of several. A scoped record with media is scoped
+        # to the one replica instead, below: its old scope would be such keys.
+        for i, item in enumerate(items):
+            _refuse_scoped_uuids(item, f"$[{i}]" if many else "$")
+        return Stage0Result(
+            None, _unscoped(prompts, batch, None if pool.replicas else "stage 0 has no live replica")
+        )
     if not any(carries_media(item) for item in items):
         return Stage0Result(None, prompts)
 
@@ -375,7 +420,7 @@ def scope_stage0(
         bases = request.bases()
         replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: bases))
         if replica is None:
-            return Stage0Result(None, prompts)
+            return Stage0Result(None, _unscoped(prompts, batch, "pool.select chose no replica"))
         chosen = live_replica_id(replica, pool.replicas)
         if chosen is None:
             raise InvalidPromptError(

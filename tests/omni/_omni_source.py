@@ -3,7 +3,7 @@
 Importing ``vllm_omni`` patches vLLM process-wide, and 0.30 does not import next to vLLM
 0.34 (see ``_omni_typeddicts.py``). The code the installed scoping wraps is therefore
 read from the installed wheel's source and run as it is, over stand-ins for what it
-calls beyond itself: ``AsyncOmniEngine._build_add_request_message`` and
+calls beyond itself: ``AsyncOmniEngine.add_request``, ``_build_add_request_message`` and
 ``_build_cfg_companions``, ``inject_global_id``, and a model's CFG prompt expansion
 (Bagel's, a module of plain Python). The stand-ins record what vllm-omni hands them:
 ``process_inputs`` the prompts, ``upgrade_to_omni_request`` the raw prompt it restores
@@ -120,9 +120,20 @@ def engine_type(root: pathlib.Path) -> type[Any]:
     engine_file = "engine/async_omni_engine.py"
     exec(_function(root, utils, "inject_global_id"), names)
     build: Callable[..., Any]
-    for method in ("_build_add_request_message", "_build_cfg_companions"):
+    for method in ("_build_add_request_message", "_build_cfg_companions", "add_request"):
         exec(_function(root, engine_file, method, "AsyncOmniEngine"), names)
     build, companions = names["_build_add_request_message"], names["_build_cfg_companions"]
+    add_request = names["add_request"]
+
+    class Queue:
+        """The engine's request queue: what ``add_request`` puts there, in order."""
+
+        def __init__(self) -> None:
+            self.sync_q = self
+            self.items: list[Any] = []
+
+        def put(self, item: Any) -> None:
+            self.items.append(item)
 
     class Engine:
         """The attributes vllm-omni's two methods and the installed scoping read."""
@@ -138,6 +149,7 @@ def engine_type(root: pathlib.Path) -> type[Any]:
             self.stage_metadata = [types.SimpleNamespace(stage_type="llm")]
             self.prompt_transform_func = None
             self.prompt_expand_func = prompt_expand_func
+            self.request_queue = Queue()
 
         def _resolve_mm_hasher_algorithm(self) -> str:
             return "blake3"
@@ -150,5 +162,15 @@ def engine_type(root: pathlib.Path) -> type[Any]:
 
         def _build_cfg_companions(self, *args: Any) -> Any:
             return companions(self, *args)
+
+        def add_request(self, *args: Any, **kwargs: Any) -> None:
+            """vllm-omni's own: the message, then its CFG companions (a request past stage 0)."""
+            add_request(self, *args, **kwargs)
+
+        def companions_of(self, request_id: str) -> list[Any]:
+            """The CFG companion messages ``add_request`` queued for ``request_id``."""
+            return [
+                item for item in self.request_queue.items if getattr(item, "parent_id", None) == request_id
+            ]
 
     return Engine

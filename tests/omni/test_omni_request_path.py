@@ -120,8 +120,8 @@ def test_cfg_companions_are_scoped_to_their_parents_replica(shape: str) -> None:
         engine._build_add_request_message(
             "req-0", {"prompt": "warm-up"}
         )  # round robin: the next is replica 1
-        message = engine._build_add_request_message("req-1", prompt)
-        companions = engine._build_cfg_companions("req-1", message.original_prompt, object(), [object()])
+        engine.add_request("req-1", prompt, final_stage_id=1)  # vllm-omni's: message, then companions
+        companions = engine.companions_of("req-1")
     finally:
         installed.uninstall()
     assert len(companions) == 2 and all(c.companion_id.startswith("req-1__") for c in companions)
@@ -145,12 +145,14 @@ def _photo(scope: str) -> Any:
     return scope_to_replica(record, 1, hasher=MediaHasher(MODEL))  # a retry of a scoped record
 
 
-def _sent_alone(prompt: Any, transform: Any = None) -> tuple[Any, int]:
+def _sent_alone(prompt: Any, transform: Any = None, live: list[int] | None = None) -> tuple[Any, int]:
     """What process_inputs got for ``prompt`` sent once as "req-1", and its replica;
-    ``transform``: the model's prompt transform, if any."""
+    ``transform``: the model's prompt transform, if any; ``live``: stage 0's live replicas."""
     engine = _engine()
     if transform is not None:
         engine.prompt_transform_func = transform
+    if live is not None:
+        engine.stage_pools[0].live_replica_ids = lambda: live
     installed = install_stage0_scoping(engine)
     try:
         engine._build_add_request_message("req-1", prompt)
@@ -210,10 +212,8 @@ def test_cfg_companions_keep_their_parents_policy() -> None:
     engine = _bagel_engine()
     installed = install_stage0_scoping(engine)
     try:
-        message = engine._build_add_request_message(
-            "req-1", _img2img(KeyPolicy(tenant="acme", tenant_content=True))
-        )
-        companions = engine._build_cfg_companions("req-1", message.original_prompt, object(), [object()])
+        engine.add_request("req-1", _img2img(KeyPolicy(tenant="acme", tenant_content=True)), final_stage_id=1)
+        companions = engine.companions_of("req-1")
     finally:
         installed.uninstall()
     calls = dict(engine.input_processor.calls)
@@ -258,9 +258,8 @@ def test_a_transform_that_drops_a_records_uuids_keeps_its_tenants_policy(given: 
     assert sent["multi_modal_uuids"] == {"image": [f"stage0:rep{replica}:tenant:acme:{key}"]}
 
 
-def test_a_transform_that_drops_the_uuids_of_records_under_two_policies_is_refused() -> None:
-    # No one policy to keep: refused by name rather than sent under none.
-    records = [
+def _two_tenants() -> list[Any]:
+    return [
         scope_to_replica(
             TextPrompt(prompt="<image>", multi_modal_data={"image": _pixels(seed)}),
             0,
@@ -270,12 +269,34 @@ def test_a_transform_that_drops_the_uuids_of_records_under_two_policies_is_refus
         for seed, tenant in ((3, "acme"), (4, "globex"))
     ]
 
+
+def test_a_transform_that_gives_records_under_two_policies_new_media_is_refused() -> None:
+    # No one policy to keep: refused by name rather than sent under none.
     def rebuilt(prompt: Any, _: Any) -> Any:
-        return [{key: value for key, value in item.items() if key != "multi_modal_uuids"} for item in prompt]
+        return [{"prompt": item["prompt"], "multi_modal_data": {"image": _pixels(9)}} for item in prompt]
 
     with pytest.raises(InvalidPromptError, match="different key policies") as caught:
-        _sent_alone(records, rebuilt)
+        _sent_alone(_two_tenants(), rebuilt)
     assert caught.value.path == "$.multi_modal_uuids"
+
+
+@pytest.mark.parametrize("copied", ["shallow", "deep"])
+def test_a_transform_that_rebuilds_records_dicts_keeps_each_records_policy(copied: str) -> None:
+    # Each dict still holds its record's media (the same objects, or deep copies of them):
+    # it is that record's, whatever else the transform rebuilt.
+    def rebuilt(prompt: Any, _: Any) -> Any:
+        return [
+            {"prompt": item["prompt"], "multi_modal_data": copy.deepcopy(item["multi_modal_data"])}
+            if copied == "deep"
+            else {"prompt": item["prompt"], "multi_modal_data": item["multi_modal_data"]}
+            for item in prompt
+        ]
+
+    records = _two_tenants()
+    sent, replica = _sent_alone(records, rebuilt)
+    want = [to_vllm(scope_to_replica(record, replica, hasher=MediaHasher(MODEL))) for record in records]
+    assert [item["multi_modal_uuids"] for item in sent] == [item["multi_modal_uuids"] for item in want]
+    assert ":tenant:globex:" in sent[1]["multi_modal_uuids"]["image"][0]
 
 
 def test_a_request_id_sent_again_unscoped_never_gets_its_old_replica_for_companions() -> None:
@@ -284,8 +305,8 @@ def test_a_request_id_sent_again_unscoped_never_gets_its_old_replica_for_compani
     try:
         engine._build_add_request_message("req-1", _img2img(None))  # scoped; no companions built
         engine.stage_pools[0].live_replica_ids = lambda: [0]  # one replica left: nothing is scoped
-        message = engine._build_add_request_message("req-1", _img2img(None))
-        companions = engine._build_cfg_companions("req-1", message.original_prompt, object(), [object()])
+        engine.add_request("req-1", _img2img(None), final_stage_id=1)
+        companions = engine.companions_of("req-1")
     finally:
         installed.uninstall()
     calls = [
@@ -458,3 +479,137 @@ def test_a_handle_installed_again_while_its_uninstall_waits_stays_installed() ->
         paused.installed.uninstall()
     assert "process_inputs" not in processor.__dict__
     assert _assert_scoped_as_sent([prompt for _, prompt in processor.calls], sent) == ["A"]
+
+
+def test_an_install_and_uninstall_while_an_uninstall_waits_leave_the_request_in_flight_scoped() -> None:
+    # The second installation, made and uninstalled while the first's uninstall waited
+    # for request A, gave the processor the engine's own process_inputs back: A then
+    # reached it without its scoped prompt (found by a review, helper-63).
+    def uninstall_install_uninstall(paused: _Paused) -> None:
+        paused.installed.uninstall()
+        install_stage0_scoping(paused.engine).uninstall()
+
+    paused, sent, _ = _while_a_is_paused(uninstall_install_uninstall)
+    processor = paused.engine.input_processor
+    assert _assert_scoped_as_sent([prompt for _, prompt in processor.calls], sent) == ["A"]
+    assert "process_inputs" not in processor.__dict__  # the engine's own once A was through
+
+
+def _tenant_img2img(seed: int, tenant: str | None) -> Any:
+    record = from_vllm(
+        {
+            "prompt": "<|fim_middle|>make it blue",
+            "modalities": ["img2img"],
+            "multi_modal_data": {"image": _pixels(seed)},
+            "multi_modal_uuids": {"image": f"photo-{seed}"},
+        }
+    )
+    policy = None if tenant is None else KeyPolicy(tenant=tenant, tenant_content=True)
+    return scope_to_replica(record, 1, hasher=MediaHasher(MODEL), policy=policy)
+
+
+def _keys_sent(engine: Any) -> dict[str, list[Any]]:
+    found: dict[str, list[Any]] = {}
+    for request_id, prompt in engine.input_processor.calls:
+        found.setdefault(request_id, []).append((prompt.get("multi_modal_uuids") or {}).get("image"))
+    return found
+
+
+def test_cfg_companions_of_two_requests_sharing_an_id_keep_their_own_parent() -> None:
+    # A parent's replica and policy were kept for its companions by request id: built
+    # after a second request with the same id, A's companion went out under B's replica
+    # and tenant, B's without a key (found by a review, helper-63). vllm-omni builds the
+    # companions from the message's original_prompt, which tells them apart.
+    engine = _bagel_engine()
+    installed = install_stage0_scoping(engine)
+    try:
+        first = engine._build_add_request_message("x", _tenant_img2img(1, "acme"), final_stage_id=1)
+        second = engine._build_add_request_message("x", _tenant_img2img(2, "globex"), final_stage_id=1)
+        for message in (second, first):
+            engine._build_cfg_companions("x", message.original_prompt, object(), [object()])
+    finally:
+        installed.uninstall()
+    parents, companions = _keys_sent(engine)["x"], _keys_sent(engine)["x__cfg_text"]
+    assert parents[0][0].endswith(":tenant:acme:photo-1") and parents[1][0].endswith(":tenant:globex:photo-2")
+    assert companions == [parents[1], parents[0]]  # each its own parent's replica and tenant
+
+
+@pytest.mark.parametrize("tenant", ["acme", None])
+def test_a_companion_copying_its_scoped_parents_dict_goes_out_with_its_parents_keys(
+    tenant: str | None,
+) -> None:
+    # audex's and MiniMax-Music's expansions copy the parent dict ({**prompt, ...}): it
+    # held the record's rendered keys, which the companion's scoping refused as already
+    # scoped, failing the request (found by a review, helper-63).
+    assert ROOT is not None
+    bagel = _omni_source.module(ROOT, "model_executor/stage_input_processors/bagel.py", "_bagel_cfg")
+    kept: list[Any] = []
+
+    def expand(prompt: Any, _: Any) -> list[Any]:
+        kept.append(copy.deepcopy(prompt["multi_modal_uuids"]))
+        companion = {**prompt, "prompt": "<|fim_middle|>"}
+        return [bagel.ExpandedPrompt(prompt=companion, role="uncond", request_id_suffix="__uncond")]
+
+    parent = _tenant_img2img(3, tenant)  # scoped to replica 1 before: a tenant's record, or a retry
+    engine = _engine(prompt_expand_func=expand)
+    installed = install_stage0_scoping(engine)
+    try:
+        engine.add_request("req-1", parent, final_stage_id=1)
+    finally:
+        installed.uninstall()
+    sent = _keys_sent(engine)
+    replica = engine.stage_pools[0].bound["req-1"]
+    want = to_vllm(scope_to_replica(parent, replica, hasher=MediaHasher(MODEL)))["multi_modal_uuids"]
+    assert sent["req-1"] == [want["image"]] and sent["req-1__uncond"] == sent["req-1"]
+    # What vllm-omni keeps of the request: the caller's UUIDs, never the old scope's keys.
+    assert kept == [{"image": ["photo-3"]}]
+
+
+def test_a_stale_copy_of_a_records_dict_beside_it_in_a_batch_is_refused() -> None:
+    # It was read back as the record (equal UUIDs), its new image going out under the
+    # record's key; scope_stage0 alone refuses it (found by a review, helper-63).
+    record = _photo("retry")
+    stale = dict(to_vllm(record), multi_modal_data={"image": _pixels(9)})
+    engine = _engine()
+    installed = install_stage0_scoping(engine)
+    try:
+        with pytest.raises(InvalidPromptError, match="already scoped to a replica") as caught:
+            engine._build_add_request_message("req-1", [record, stale])
+    finally:
+        installed.uninstall()
+    assert caught.value.path == "$[1].multi_modal_uuids.image[0]"
+    assert not engine.input_processor.calls
+
+
+def test_a_plain_dict_beside_a_tenants_record_is_keyed_as_scope_stage0_keys_it() -> None:
+    # The caller's own dict was keyed under the tenant of the record beside it (found by
+    # a review, helper-63); scope_stage0 keys it under no policy.
+    record = _tenant_img2img(4, "acme")
+    plain = {"prompt": "<image>", "multi_modal_data": {"image": _pixels(5)}}
+    sent, replica = _sent_alone([record, plain])
+    hasher = MediaHasher(MODEL)
+    want = [to_vllm(scope_to_replica(one, replica, hasher=hasher)) for one in (record, from_vllm(plain))]
+    assert [item["multi_modal_uuids"] for item in sent] == [item["multi_modal_uuids"] for item in want]
+    assert "tenant" not in sent[1]["multi_modal_uuids"]["image"][0]
+
+
+def test_engines_sharing_a_processor_scope_each_cfg_companion_once() -> None:
+    # A companion went through both installations' wrappers and was scoped by each, then
+    # refused as already scoped (found by a review, helper-63).
+    engines = [_bagel_engine(), _bagel_engine()]
+    engines[1].input_processor = engines[0].input_processor
+    installed = [install_stage0_scoping(engine) for engine in engines]
+    try:
+        engines[0].add_request("req-1", _img2img(None), final_stage_id=1)
+    finally:
+        for one in installed:
+            one.uninstall()
+    sent = _keys_sent(engines[0])
+    assert sent["req-1__cfg_text"] == sent["req-1"] and sent["req-1"][0][0].startswith("stage0:rep")
+
+
+def test_a_tenants_record_scoped_before_goes_to_the_one_live_replica_under_its_key() -> None:
+    # It reached process_inputs in its old scope, replica 1's key on replica 0 (found by a
+    # review, helper-63).
+    sent, _ = _sent_alone(_tenant_img2img(6, "acme"), live=[0])
+    assert sent["multi_modal_uuids"] == {"image": ["stage0:rep0:tenant:acme:photo-6"]}

@@ -724,3 +724,74 @@ def test_routing_keys_follow_an_item_that_can_change_and_new_media() -> None:
         scope_to_replica(arrays, 1, hasher=HASHER).replace_media({"image": image_array(2)}),
     ):
         assert _routed_keys(changed) == (HASHER.content_key("image", image_array(2)),)
+
+
+# -- a record scoped before, where nothing is scoped (found by a review, helper-63) -------------
+
+_TENANT = KeyPolicy(tenant="acme", tenant_content=True)
+
+
+def _scoped_before(policy: KeyPolicy | None) -> TextPrompt:
+    """A record a first request scoped to replica 1 (a retry sends it again)."""
+    record = TextPrompt(
+        prompt="<image>", multi_modal_data={"image": [image_array(2)]}, multi_modal_uuids={"image": ["cat"]}
+    )
+    return scope_to_replica(record, 1, hasher=HASHER, policy=policy)
+
+
+@pytest.mark.parametrize("policy", [None, _TENANT], ids=["retry", "tenant"])
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_scoped_record_with_one_live_replica_is_scoped_to_it(policy: KeyPolicy | None, batch: bool) -> None:
+    # It passed through in its old scope: replica 0 got replica 1's key, which the
+    # frontend's cache holds as sent, so the image was left out and replica 0 missed.
+    record = _scoped_before(policy)
+    select = Recorder(0)
+    prompts: Any = [record, {"prompt": "x"}] if batch else record
+    replica, out = scope_stage0(prompts, pool=Stage0Pool(replicas=[0], select=select), hasher=HASHER)
+    scoped = out[0] if batch else out
+    assert replica == 0 and scoped == scope_to_replica(record, 0, hasher=HASHER)
+    assert scoped.scope.policy == (policy or KeyPolicy())
+    assert [request.replicas for request in select.seen] == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("pool", "why"),
+    [
+        (Stage0Pool(replicas=2, select=lambda _: None), "pool.select chose no replica"),
+        (Stage0Pool(replicas=[], select=lambda _: None), "stage 0 has no live replica"),
+        (Stage0Pool(replicas=2, select=lambda _: 0, is_diffusion=True), None),
+    ],
+    ids=["select-none", "no-replica", "diffusion"],
+)
+@pytest.mark.parametrize("shape", ["record", "list", "tuple", "pair"])
+def test_a_scoped_record_is_never_passed_on_in_its_old_scope(
+    pool: Stage0Pool, why: str | None, shape: str
+) -> None:
+    # Where nothing is scoped, a record in its old scope went out under keys naming
+    # another replica's cache; unscoped, it gets the keys a fresh request gets. A
+    # tenant's record is refused rather than sent without its policy, unless stage 0 is a
+    # diffusion stage (no processor cache, no key to keep apart).
+    def given(record: TextPrompt) -> Any:
+        return {
+            "record": record,
+            "list": [{"prompt": "x"}, record],
+            "tuple": ({"prompt": "x"}, record),
+            "pair": EncoderDecoderPrompt(encoder_prompt=record, decoder_prompt=TextPrompt(prompt="hi")),
+        }[shape]
+
+    def sent(out: Any) -> Any:
+        item = out[1] if shape in ("list", "tuple") else out
+        return to_vllm(item.encoder_prompt if shape == "pair" else item)["multi_modal_uuids"]
+
+    replica, out = scope_stage0(given(_scoped_before(None)), pool=pool, hasher=HASHER)
+    assert replica is None and sent(out) == {"image": ["cat"]}
+    assert (
+        type(out) is {"record": TextPrompt, "list": list, "tuple": tuple, "pair": EncoderDecoderPrompt}[shape]
+    )
+    tenants = given(_scoped_before(_TENANT))
+    if why is None:
+        assert sent(scope_stage0(tenants, pool=pool, hasher=HASHER).prompts) == {"image": ["cat"]}
+        return
+    with pytest.raises(InvalidPromptError, match=re.escape(why)) as caught:
+        scope_stage0(tenants, pool=pool, hasher=HASHER)
+    assert caught.value.path == ("$[1]" if shape in ("list", "tuple") else "$")
