@@ -69,6 +69,19 @@ _RECORDS = (TextPrompt, TokensPrompt, EmbedsPrompt, EncoderDecoderPrompt)
 _MISSING = object()
 
 
+class _PoolReplicaIds:
+    """A distributed pool's replica id of a vllm-omni ``ReplicaInfo``, by its input address:
+    what an installation gives a :class:`Stage0Balancer` that has no ``replica_id``."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def __call__(self, replica: Any) -> int | None:
+        return self.pool.get_replica_id_by_addr(replica.input_addr)  # type: ignore[no-any-return]
+
+
 class _Made(NamedTuple):
     """A scoped record's engine dict, as the message builder made it."""
 
@@ -524,6 +537,15 @@ class Stage0Scoping:
         """
         if isinstance(getattr(self.engine.__dict__.get(_HELPER), "__self__", None), Stage0Scoping):
             raise PromptTypeError("engine", "already has our scoping installed; uninstall it first")
+        pool = self.engine.stage_pools[0]
+        balancer = self.balancer if isinstance(self.balancer, Stage0Balancer) else None
+        ids = None if balancer is None else balancer.replica_id
+        if isinstance(ids, _PoolReplicaIds) and ids.pool is not pool:
+            raise PromptTypeError(
+                "balancer",
+                "is installed on another engine's stage-0 pool, whose replica ids it reads; "
+                "give each engine a Stage0Balancer of its own",
+            )
         process_inputs = self._processor.__dict__.get("process_inputs", _MISSING)
         leaving = _leaving(process_inputs)
         self._before = (
@@ -543,14 +565,13 @@ class Stage0Scoping:
         self._processor.process_inputs = self.process_inputs
         if self._build_companions is not None:
             setattr(self.engine, _COMPANIONS, self.build_cfg_companions)
-        pool = self.engine.stage_pools[0]
         if self.balancer is not None:
             # The balancer the pool had (vllm-omni's membership controller attaches its own
             # in distributed mode; StagePool keeps it as _lb, with no getter): uninstall
             # gives it back, where None would leave the distributed pick without one.
             self._pool_balancer = getattr(pool, "_lb", None)
-            if isinstance(self.balancer, Stage0Balancer) and self.balancer.replica_id is None:
-                self.balancer.replica_id = lambda info: pool.get_replica_id_by_addr(info.input_addr)
+            if balancer is not None and ids is None:  # uninstall takes it back
+                balancer.replica_id = _PoolReplicaIds(pool)
             pool.attach_load_balancer(self.balancer)  # a distributed pool's own pick uses it too
         self._installed = True
         return self
@@ -579,7 +600,11 @@ class Stage0Scoping:
         if now:
             self._give_back_process_inputs()
         if self.balancer is not None:
-            self.engine.stage_pools[0].attach_load_balancer(self._pool_balancer)
+            pool = self.engine.stage_pools[0]
+            pool.attach_load_balancer(self._pool_balancer)
+            ids = getattr(self.balancer, "replica_id", None)
+            if isinstance(ids, _PoolReplicaIds) and ids.pool is pool:
+                self.balancer.replica_id = None  # type: ignore[attr-defined]  # the next engine's to set
 
     def _give_back_process_inputs(self) -> None:
         # Unless an installation made since has put its own there (it wraps the engine's

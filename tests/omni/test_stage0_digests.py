@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import enum
+import types
 from collections import Counter
 from typing import Any
 
@@ -357,6 +358,45 @@ def test_a_distributed_pool_picks_with_the_attached_balancer_and_the_requests_ke
         assert _same(engine.input_processor.received[-1], _expected(record, replica))
     finally:
         installed.uninstall()
+
+
+class _InfoPool(_DistributedPool):
+    """A distributed pool whose serviceable replicas are vllm-omni ``ReplicaInfo``s (known
+    by their input addresses), of its own addresses."""
+
+    def __init__(self, *addresses: str) -> None:
+        super().__init__([])
+        self.clients = list(addresses)
+        self.serviceable = [types.SimpleNamespace(input_addr=address) for address in addresses]  # type: ignore[misc]
+
+    def preselect_replica_id(self, request_id: str, task: dict[str, Any] | None = None) -> int | None:
+        chosen = self.serviceable[self._lb.select(task, self.serviceable)]
+        return self.get_replica_id_by_addr(chosen.input_addr)  # type: ignore[attr-defined]
+
+
+def test_a_balancer_serves_one_engine_at_a_time_each_with_its_own_replica_ids() -> None:
+    # The installation gave the balancer the first engine's address lookup for good: on a
+    # second engine's pool its replicas were unknown, or read as the first's ids (found by
+    # a review, helper-63). Uninstall takes it back; two engines at once are refused.
+    balancer = Stage0Balancer(RoundRobin())
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _media(8)["image"][:1]})
+    engines = [_Engine() for _ in range(3)]
+    for engine, addresses in zip(
+        engines, (("tcp://a0", "tcp://a1"), ("tcp://b0", "tcp://b1"), ("tcp://c0",)), strict=True
+    ):
+        engine.stage_pools = [_InfoPool(*addresses)]
+    install_stage0_scoping(engines[0], hasher=PLAIN, balancer=balancer).uninstall()
+    assert balancer.replica_id is None
+    second = install_stage0_scoping(engines[1], hasher=PLAIN, balancer=balancer)
+    try:
+        replica, sent = engines[1].add_request("req-1", record)
+        assert replica in (0, 1) and _same(sent, _expected(record, replica))  # type: ignore[arg-type]
+        before = dict(vars(engines[2]))
+        with pytest.raises(PromptTypeError, match="another engine's stage-0 pool") as caught:
+            install_stage0_scoping(engines[2], hasher=PLAIN, balancer=balancer)
+        assert caught.value.path == "balancer" and vars(engines[2]) == before
+    finally:
+        second.uninstall()
 
 
 def test_uninstall_gives_the_engine_back_its_own_code_and_its_pools_balancer() -> None:
