@@ -13,7 +13,9 @@ Two kinds of function are accepted, told apart by ``to_dict``:
 - dicts: ``fn(prompt_dict, replica_id) -> dict``, like an engine's code that works on
   vLLM prompt dicts. Pass the converter that builds the caller's dict from a record,
   ``to_dict=omni_requests_vllm.to_vllm`` for vLLM's shape. The checks read keys from
-  the returned dict's ``multi_modal_uuids``.
+  the returned dict's ``multi_modal_uuids`` and the media it sends from its
+  ``multi_modal_data``, which must hold the caller's items in their places
+  (``media_kept``): a key is judged for the caller's item, so it must be sent with it.
 
 Either kind may return ``(replica_id, result)`` instead of the result, for functions that
 choose or change the replica; the returned id is the one the keys must name.
@@ -57,6 +59,7 @@ PROPERTIES: Final[Mapping[str, str]] = MappingProxyType(
         "rescoping_keeps_base": "a used, copied or retried prompt gets the base a fresh prompt gets",
         "user_uuids_kept": "an item's user UUID is its key's base, unchanged",
         "none_items_kept": "a None (cached-only) item stays None in the scoped prompt",
+        "media_kept": "each item sent is the caller's item in that place, the one its key is for",
     }
 )
 """The properties :func:`check_scoping` checks, name to statement, in the order it runs them."""
@@ -408,6 +411,9 @@ class _Item:
     # (an image turned upright and flattened to RGB). Distinct media must get distinct
     # keys only where this differs; equal media must get equal keys where identity is equal.
     seen: tuple[str, ...]
+    # The item's content, as vLLM's hasher reads it and as the model sees it, its user UUID
+    # aside: what the scoped prompt must send in this place (a UUID names media, it is not it).
+    content: tuple[tuple[str, ...], tuple[str, ...]]
 
     @property
     def where(self) -> str:
@@ -427,17 +433,24 @@ def _items(record: SinglePrompt) -> list[_Item]:
         given = uuids.get(modality)
         for i, value in enumerate(values):
             uuid = None if given is None else given[i]
+            identity = media_identity(modality, value, uuid)
+            seen = media_identity(modality, value, uuid, parsed=True)
             items.append(
                 _Item(
                     modality,
                     i,
                     uuid,
                     value is None,
-                    media_identity(modality, value, uuid),
-                    media_identity(modality, value, uuid, parsed=True),
+                    identity,
+                    seen,
+                    _content_of(modality, value) if uuid is not None else (identity, seen),
                 )
             )
     return items
+
+
+def _content_of(modality: str, value: object) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return media_identity(modality, value), media_identity(modality, value, parsed=True)
 
 
 @attrs.frozen
@@ -664,6 +677,45 @@ def _none_items_kept(trace: _Trace, ctx: _Context) -> str | None:
     return None
 
 
+def _media_kept(trace: _Trace, ctx: _Context) -> str | None:
+    # The keys are judged against the caller's items; the engine caches what the scoped
+    # prompt sends under them. A function that keys the caller's media but sends other
+    # media (a cache's, a template's) passes every key property and serves stale features.
+    # Judged by content, as the key properties judge "equal media": a function may send an
+    # equal copy, in another layout or container, but not other pixels, bytes or frames.
+    for obs in trace.observations:
+        data = obs.result.data
+        given: dict[str, int] = {}
+        for item in obs.items:
+            given[item.modality] = given.get(item.modality, 0) + 1
+            if item.is_none:
+                continue  # none_items_kept's
+            row = None if data is None else data.get(item.modality)
+            label = trace.label(obs, item)
+            if row is None or item.index >= len(row):
+                return f"{label} ({_content_tag(item)}) is missing from the scoped prompt's multi_modal_data"
+            sent = row[item.index]
+            content = None if sent is None else _content_of(item.modality, sent)
+            if content != item.content:
+                shown = "None" if content is None else f"{_summary(sent)}#{_tag(content[0])}"
+                return (
+                    f"{label} is sent as {shown}, but the caller gave {_content_tag(item)} there; "
+                    f"its key {_short(obs.key(item))} names the caller's item, not the one sent"
+                )
+        for modality, row in (data or {}).items():
+            if len(row) > given.get(modality, 0):
+                extra = row[given.get(modality, 0)]
+                return (
+                    f"step {obs.step}: the scoped prompt sends {modality}[{given.get(modality, 0)}] "
+                    f"({'None' if extra is None else _summary(extra)}), an item the caller did not give"
+                )
+    return None
+
+
+def _content_tag(item: _Item) -> str:
+    return f"content #{_tag(item.content[0])}"
+
+
 _CHECKS: Final[Mapping[str, Callable[[_Trace, _Context], str | None]]] = {
     "caller_unchanged": _caller_unchanged,
     "distinct_media_distinct_keys": _distinct_media_distinct_keys,
@@ -673,6 +725,7 @@ _CHECKS: Final[Mapping[str, Callable[[_Trace, _Context], str | None]]] = {
     "rescoping_keeps_base": _rescoping_keeps_base,
     "user_uuids_kept": _user_uuids_kept,
     "none_items_kept": _none_items_kept,
+    "media_kept": _media_kept,
 }
 
 

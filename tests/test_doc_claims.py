@@ -263,7 +263,7 @@ def test_decoding_memory_is_about_the_size_of_media_and_a_few_hundred_times_for_
 
 
 def test_the_property_table_names_exactly_the_checked_properties() -> None:
-    # property-testing.md: the table of properties, and "a full check costs eight times one search".
+    # property-testing.md: the table of properties, and "a full check costs nine times one search".
     pytest.importorskip("hypothesis")
     from omni_requests.testing import PROPERTIES
 
@@ -272,4 +272,4 @@ def test_the_property_table_names_exactly_the_checked_properties() -> None:
         r"^\| `(\w+)` \| ", text.split("## What is checked")[1].split("\n## ")[0], re.MULTILINE
     )
     assert table == list(PROPERTIES)
-    assert len(PROPERTIES) == 8 and "costs eight times one search" in text
+    assert len(PROPERTIES) == 9 and "costs nine times one search" in text

@@ -162,6 +162,30 @@ def drop_none_items(prompt: dict[str, Any], replica: int) -> dict[str, Any]:
     return out
 
 
+def stale_media_cache() -> DictScoper:
+    """Keys each item right, but sends the media a media cache kept for the prompt's text.
+
+    The cache is keyed by the prompt and its media's layout (modalities, counts, which
+    items are None): a template's copies hit the template's entry, so a copy goes out
+    with its own keys and the template's pixels, and the engine caches the template's
+    features under the copy's keys. Every key property holds; only ``media_kept`` sees
+    that a key names another item than the one sent. A new function, a new cache.
+    """
+    cache: dict[tuple[str, tuple[tuple[str, tuple[bool, ...]], ...]], Any] = {}
+
+    def scope(prompt: dict[str, Any], replica: int) -> dict[str, Any]:
+        out = ours_through_dicts(prompt, replica)
+        data = out.get("multi_modal_data")
+        if data:
+            layout = tuple((m, tuple(x is None for x in _as_list(v))) for m, v in data.items())
+            text = repr(out.get("prompt", out.get("prompt_token_ids")))
+            out["multi_modal_data"] = cache.setdefault((text, layout), data)
+        return out
+
+    scope.__name__ = scope.__qualname__ = "stale_media_cache"
+    return scope
+
+
 # -- vllm-omni's own stage-0 helper, as its wheel ships it ---------------------------------
 
 
