@@ -683,7 +683,9 @@ class MediaHasher:
         hashes the parsed image, which is also exactly vLLM's own key; every other item
         is hashed as given, like vllm-omni does, except that a PIL image inside it (a
         video's frame) is hashed by its pixels, never by an EXIF ImageID: vLLM stacks
-        such frames into one array, so frames sharing an ID are different media to it.
+        such frames into one array, so frames sharing an ID are different media to it;
+        and that an image loaded by vLLM (``MediaWithBytes``) is hashed by its bytes, even
+        with an EXIF ImageID set in memory, which vLLM's own key would be.
         """
         _check_modality(modality)
         return self._content_key(modality, item, record=False)
@@ -692,8 +694,9 @@ class MediaHasher:
         # content_key for a modality already checked; by default of a record's item (a
         # record's view read as its seal), on every render's path.
         if modality != "image" or is_media_with_bytes(item):
-            # A loaded image is keyed by its bytes, never by an in-memory EXIF ImageID
-            # (vLLM's hasher would; its parser drops the ID, as for a bare image).
+            # A loaded image is keyed by its bytes, never by an in-memory EXIF ImageID:
+            # vLLM's hasher keys it by the ID (its parser keeps the wrapper as it is), but
+            # the model sees the pixels, so one ID over two images would be one entry.
             return self._cached("content", modality, item, self._pixels_digest, record=record)
         if is_pil_image(item):
             seal = seal_of(item) if record else None

@@ -131,7 +131,8 @@ def test_an_exif_image_id_on_the_decoded_image_is_the_key() -> None:
 
 @pytest.mark.parametrize("modality", ["image", "video", "caption"])
 def test_loaded_images_sharing_an_image_id_get_their_own_content_keys_and_bindings(modality: str) -> None:
-    # vLLM's hasher keys both by the ID alone, but its parser drops the ID: two inputs.
+    # vLLM's hasher keys both by the ID alone, but the model sees their pixels: two inputs
+    # (a deliberate divergence from vLLM's own key, docs/vllm-parity.md).
     # Fingerprints and content keys read the ID, so bind_content gave both one bound key
     # under a user's UUID, and outside image one content key.
     def loaded(shade: int) -> MediaWithBytes[Any]:
