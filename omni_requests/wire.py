@@ -192,9 +192,15 @@ def decode(
         # Any real number but a bool or NaN (math.inf: no limit), compared as it is.
         if isinstance(limit, (bool, np.bool_)) or not isinstance(limit, numbers.Real) or limit != limit:
             raise PromptTypeError(name, f"must be a number, got {limit!r} ({type(limit).__qualname__})")
-    size = memoryview(data).nbytes
+    try:
+        view = memoryview(data)
+    except ValueError:  # a memoryview released by its holder
+        raise PromptTypeError("$", "must be bytes, got a released memoryview") from None
+    size = view.nbytes
     if size > max_bytes:
         raise WireError("$", f"the message is {size} bytes, over max_bytes={max_bytes}")
+    if not view.c_contiguous:  # a strided view (a numpy slice's): read as its bytes in order
+        data = view.tobytes()
     try:
         header = _HEADER.decode(data)
         if len(header) < 2:

@@ -281,6 +281,23 @@ def test_other_bytes_are_a_wire_error(data: bytes) -> None:
         decode(data)
 
 
+def test_any_memoryview_decodes_or_is_refused_by_name() -> None:
+    # wire.md: "Whatever the bytes, the result is a record or an OmniRequestsError". A
+    # strided view raised Python's BufferError, a released one its ValueError (found by
+    # helper-68).
+    message = np.frombuffer(encode(TextPrompt(prompt="hi")), np.uint8)
+    spaced = np.zeros(2 * message.size, np.uint8)
+    spaced[::2] = message
+    assert decode(memoryview(spaced[::2])) == TextPrompt(prompt="hi")  # the message, strided
+    with pytest.raises(WireError, match="not an omni-requests wire message"):
+        decode(memoryview(np.broadcast_to(np.zeros(1, np.uint8), (10,))))
+    released = memoryview(encode(TextPrompt(prompt="hi")))
+    released.release()
+    with pytest.raises(PromptTypeError, match="released memoryview") as caught:
+        decode(released)
+    assert caught.value.path == "$"
+
+
 def test_sizes_and_depths_are_bounded() -> None:
     message = encode(TextPrompt(prompt="x" * 100))
     with pytest.raises(WireError, match="max_bytes"):
