@@ -576,6 +576,16 @@ def check_tensor_dims(tensor: Any, path: str) -> None:
         )
 
 
+def check_values_held(tensor: Any, path: str) -> None:
+    """Refuse a meta tensor: it has sizes but no values, and vLLM fails when it copies it
+    to the CPU. Read through torch's own descriptor: a subclass's ``is_meta`` could lie."""
+    if sys.modules["torch"].Tensor.is_meta.__get__(tensor):
+        raise PromptTypeError(
+            path,
+            "a meta tensor holds no values (vLLM fails when it copies it to the CPU); give one with data",
+        )
+
+
 def check_hashable_tensor(tensor: Any, path: str) -> None:
     # vLLM hashes a tensor through tensor.detach().cpu().numpy(): a tensor numpy cannot
     # view (conjugate or negative bit set, sparse, nested, quantized, meta, a dtype numpy
@@ -685,6 +695,10 @@ def _freeze_mapping(value: Mapping[Any, Any], path: str, freeze: Any, depth: int
         if not isinstance(key, str):
             raise PromptTypeError(f"{path}", f"mapping keys must be str, got {type_name(key)} {key!r}")
         name = check_text(path, str.__str__(key))
+        if name in frozen:  # a str subclass key beside its text: one would silently replace the other
+            raise InvalidPromptError(
+                f"{path}.{name}", "is given twice (a str subclass key reads as its text)"
+            )
         frozen[name] = freeze(item, f"{path}.{name}", depth + 1)
     if type(value) is FrozenDict and all(frozen[k] is value[k] for k in frozen):
         return value

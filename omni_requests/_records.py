@@ -32,7 +32,9 @@ from ._media import (
     apply_palette_state,
     as_made,
     check_code_points,
+    check_tensor_dims,
     check_text,
+    check_values_held,
     freeze_media,
     freeze_option,
     frozen_array,
@@ -171,6 +173,13 @@ def _check_modality(path: str, modality: object) -> str:
     return check_text(path, modality)
 
 
+def _check_given_once(where: str, modality: str, read: Mapping[str, object]) -> None:
+    # A str subclass key (hashed and compared by identity, say) beside the plain one reads
+    # as the same modality: one would silently replace the other's items.
+    if modality in read:
+        raise InvalidPromptError(where, "is given twice (a str subclass key reads as its text)")
+
+
 def _convert_media(value: MediaDataInput | None) -> MediaData:
     if value is None:
         return _EMPTY
@@ -183,6 +192,7 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
     for modality, data in value.items():
         modality = _check_modality(path, modality)
         where = f"{path}.{modality}"
+        _check_given_once(where, modality, frozen)
         if data is None:
             raise InvalidPromptError(
                 where, "is None; give an item or a list of items (an item may be None if it has a UUID)"
@@ -310,6 +320,16 @@ def _check_video_frames(where: str, video: object) -> None:
     if number:
         raise PromptTypeError(
             where, f"{number} is not a video's frames; give a 4-D array or a list of frames"
+        )
+    # The frames of (frames, metadata), an array or tensor: one frame (H, W, C) or a video
+    # (T, H, W, C). (Bare items were checked with the others: a 2-D tensor there is an
+    # embedding.) HF's video batching drops any other, and the processor fails.
+    ndim = _ndim(frames) if isinstance(video, tuple) else None
+    if ndim is not None and not 3 <= ndim <= 4:
+        raise PromptTypeError(
+            where,
+            f"a {ndim}-D {type_name(frames)} is not a video's frames (the model's processor fails on "
+            "it); give (T, H, W, C), or (H, W, C) for one frame",
         )
     # Nor on a video without pixels: no frames, or frames with a side of 0.
     if _empty(frames):
@@ -494,10 +514,25 @@ def _check_numbers_dtype(where: str, value: object, modality: str) -> None:
             )
 
 
+# The most dimensions an array or tensor item may have: an image (H, W, C), or a batch of
+# them the model's processor flattens (N, H, W, C); a video (T, H, W, C); a waveform of
+# channels (C, samples). The model's processor (HF's video batching drops a 5-D video) or
+# vLLM's audio normalisation fails on more, naming no field.
+_MOST_DIMS: Final = {"image": 4, "video": 4, "audio": 2}
+
+# What each modality takes instead of an item of too many dimensions.
+_INSTEAD_OF_MORE_DIMS: Final = {
+    "image": "an image (give (H, W, C), or (N, H, W, C) for N images)",
+    "video": "a video (give (T, H, W, C), one video per item)",
+    "audio": "a waveform (give samples, 1-D, or channels of samples, 2-D)",
+}
+
+
 def _check_item_arrays(where: str, modality: str, items: Sequence[object], *, split: bool) -> None:
     """Refuses array and tensor items the model's processor can only fail on: an image or
-    video with too few dimensions, and arrays of no numbers. ``split``: the items are the
-    elements of one array or tensor vLLM's parser splits (a 2-D image array into its rows)."""
+    video with too few dimensions, any item with too many, and arrays of no numbers.
+    ``split``: the items are the elements of one array or tensor vLLM's parser splits (a
+    2-D image array into its rows)."""
     for i, item in enumerate(items):
         ndim = _ndim(item)
         if ndim is None:
@@ -505,9 +540,14 @@ def _check_item_arrays(where: str, modality: str, items: Sequence[object], *, sp
         _check_numbers_dtype(f"{where}[{i}]", item, modality)
         # A 2-D tensor in a list is an embedding to vLLM's parser; a 2-D array never is.
         array = isinstance(item, np.ndarray)
+        if ndim > _MOST_DIMS[modality]:
+            raise PromptTypeError(
+                f"{where}[{i}]",
+                f"a {ndim}-D {type_name(item)} is not {_INSTEAD_OF_MORE_DIMS[modality]}"
+                f"{_split_from(ndim, array, split)}; the model's processor fails on it",
+            )
         if modality in ("image", "video") and ndim < (3 if array else 2):
-            kind = "array" if array else "tensor"
-            whole = f"; vLLM reads a {ndim + 1}-D {kind} given whole as a list of them" if split else ""
+            whole = _split_from(ndim, array, split)
             one = (
                 "an image (a gray one as (H, W, 1) or a PIL image)"
                 if modality == "image"
@@ -517,6 +557,13 @@ def _check_item_arrays(where: str, modality: str, items: Sequence[object], *, sp
                 f"{where}[{i}]",
                 f"a {ndim}-D {type_name(item)} is not {one}{whole}; the model's processor fails on it",
             )
+
+
+def _split_from(ndim: int, array: bool, split: bool) -> str:
+    """How an item of ``ndim`` dimensions came to be, where vLLM's parser split it from the
+    modality's whole value ("" where it was given as an item)."""
+    kind = "array" if array else "tensor"
+    return f"; vLLM reads a {ndim + 1}-D {kind} given whole as a list of them" if split else ""
 
 
 def _waveform_like(value: object) -> bool:
@@ -559,6 +606,13 @@ def _check_audio_items(where: str, items: Sequence[object]) -> None:
                     "fails on it); give an array of samples",
                 )
             _check_numbers_dtype(f"{where}[{i}][0]", item[0], "audio")
+            ndim = _ndim(item[0])
+            if ndim is not None and ndim > _MOST_DIMS["audio"]:  # vLLM's normalisation fails on it
+                raise PromptTypeError(
+                    f"{where}[{i}][0]",
+                    f"a {ndim}-D {type_name(item[0])} is not {_INSTEAD_OF_MORE_DIMS['audio']}; "
+                    "the model's processor fails on it",
+                )
             _check_sample_rate(f"{where}[{i}][1]", item[1])
         waveform, at = (item[0], f"{where}[{i}][0]") if isinstance(item, tuple) else (item, f"{where}[{i}]")
         if isinstance(waveform, (list, tuple, PVector)):
@@ -697,6 +751,7 @@ def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:
     for modality, uuids in value.items():
         modality = _check_modality(path, modality)
         where = f"{path}.{modality}"
+        _check_given_once(where, modality, frozen)
         if isinstance(uuids, str):
             uuids = [uuids]
         elif not isinstance(uuids, (list, tuple, PVector)):
@@ -885,6 +940,9 @@ def _prompt_embeds(value: torch.Tensor) -> Any:
             "$.prompt_embeds",
             f"must be of shape (seq_len, hidden_size) or (1, seq_len, hidden_size), got {got}",
         )
+    # vLLM's renderer reads its ndim (a subclass's may raise or lie) and copies it to the CPU.
+    check_tensor_dims(embeds, "$.prompt_embeds")
+    check_values_held(embeds, "$.prompt_embeds")
     return embeds
 
 

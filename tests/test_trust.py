@@ -574,7 +574,8 @@ def test_a_layout_set_in_place_while_a_key_is_computed_cannot_stale_it(
 
         def build(uuids: Any = uuids, policy: Any = policy) -> tuple[Any, np.ndarray]:
             frames = rng.integers(0, 256, (8, 4, 4, 3), dtype=np.uint8)
-            item = frames if modality == "video" else (frames, 16_000)
+            # Audio: two channels of samples (a waveform of more dimensions is refused).
+            item = frames if modality == "video" else (frames.reshape(2, 192), 16_000)
             record = TextPrompt(prompt="x", multi_modal_data={modality: [item]}, multi_modal_uuids=uuids)
             scoped = scope_to_replica(record, 0, hasher=HASHER, policy=policy)
             own = scoped.multi_modal_data[modality][0]

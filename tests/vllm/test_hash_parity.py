@@ -219,15 +219,25 @@ def _unshaped(modality: str, item: object) -> bool:
             isinstance(value, torch.Tensor) and value.ndim < 2
         )
 
-    if modality in ("image", "video") and too_few(item):
+    def dims(value: object) -> int | None:
+        return value.ndim if isinstance(value, (np.ndarray, torch.Tensor)) else None
+
+    # Too many: an image or video item of more than 4 (the model's processor fails), an
+    # audio item or waveform of more than 2 (vLLM's audio normalisation fails).
+    if modality in ("image", "video") and (too_few(item) or (dims(item) or 0) > 4):
         return True
     if modality == "video":
         frames = item[0] if isinstance(item, tuple) and len(item) == 2 else item
+        if frames is not item and dims(frames) not in (None, 3, 4):  # (frames, metadata)
+            return True
         return isinstance(frames, list) and any(
             isinstance(frame, (np.ndarray, torch.Tensor)) and frame.ndim != 3 for frame in frames
         )
     if modality == "audio":
         if isinstance(item, (dict, Image.Image)):
+            return True
+        waveform = item[0] if isinstance(item, tuple) and len(item) == 2 else item
+        if (dims(waveform) or 0) > 2:
             return True
         # A list or tuple of samples is the model's feature extractor's to read (kept).
         return (
