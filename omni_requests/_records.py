@@ -311,6 +311,15 @@ def _check_video_items(where: str, items: Sequence[object], *, given_as_items: b
                 "or a list of frames",
             )
         _check_video_frames(f"{where}[{i}]", item)
+        if isinstance(item, tuple) and item[1] is not None and not isinstance(item[1], Mapping):
+            # vLLM unpacks any pair as (frames, metadata): two frames in a tuple would be a
+            # one-frame video, the second frame taken for its metadata (vLLM types it a dict).
+            raise PromptTypeError(
+                f"{where}[{i}][1]",
+                f"a video's metadata must be a mapping (vLLM's video loader gives a dict) or None, "
+                f"got {type_name(item[1])}; a tuple of frames is not a video: give a list of frames "
+                "or a 4-D array",
+            )
 
 
 def _check_video_frames(where: str, video: object) -> None:
@@ -752,6 +761,8 @@ def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:
         modality = _check_modality(path, modality)
         where = f"{path}.{modality}"
         _check_given_once(where, modality, frozen)
+        if uuids is None:
+            continue  # vLLM reads a None row as no UUIDs: each item is keyed by its content
         if isinstance(uuids, str):
             uuids = [uuids]
         elif not isinstance(uuids, (list, tuple, PVector)):

@@ -244,3 +244,49 @@ def test_a_str_subclass_key_alone_reads_as_its_text() -> None:
     assert record.multi_modal_uuids["image"][0] == "u"
     assert record.mm_processor_kwargs is not None
     assert dict(record.mm_processor_kwargs) == {"size": 1}
+
+
+# -- a video pair's metadata, and a None UUID row --
+
+
+@pytest.mark.parametrize(
+    ("value", "got"),
+    [
+        ((u8(4, 4, 3), u8(4, 4, 3)), "numpy.ndarray"),
+        ([(u8(2, 4, 4, 3), 3)], "int"),
+        ([(u8(2, 4, 4, 3), [1])], "list"),
+    ],
+    ids=["two-frames-whole", "a-number", "a-list"],
+)
+def test_a_video_pairs_metadata_must_be_a_mapping_or_none(value: Any, got: str) -> None:
+    # vLLM unpacks any pair as (frames, metadata) (its types say a dict): two frames in a
+    # tuple were kept as a one-frame video whose metadata was the second frame, which the
+    # guide promised to refuse (found by a docs audit, helper-65).
+    for build in (
+        lambda: TextPrompt(prompt="<video>", multi_modal_data={"video": value}),
+        lambda: from_vllm({"prompt": "<video>", "multi_modal_data": {"video": value}}),
+    ):
+        with pytest.raises(PromptTypeError, match=f"metadata must be a mapping .* got {got}") as caught:
+            build()
+        assert caught.value.path == "$.multi_modal_data.video[0][1]"
+    for kept in ((u8(2, 4, 4, 3), None), (u8(2, 4, 4, 3), META)):
+        assert (
+            len(TextPrompt(prompt="<video>", multi_modal_data={"video": [kept]}).multi_modal_data["video"])
+            == 1
+        )
+
+
+def test_a_none_uuid_row_reads_as_no_uuids_as_vllm_reads_it() -> None:
+    # vLLM's parse_mm_uuids keeps a None row, and its validation and hashing read it as no
+    # UUIDs (each item keyed by its content); records refused it with a message naming
+    # None as allowed (found by a review, helper-63).
+    from vllm.multimodal.parse import parse_mm_uuids
+
+    assert parse_mm_uuids({"image": None}) == {"image": None}
+    given = {"prompt": "<image>", "multi_modal_data": {"image": u8(4, 4, 3)}}
+    plain = from_vllm(given)
+    assert from_vllm({**given, "multi_modal_uuids": {"image": None}}) == plain
+    record = TextPrompt(
+        prompt="<image>", multi_modal_data={"image": u8(4, 4, 3)}, multi_modal_uuids={"image": None}
+    )
+    assert record == TextPrompt(prompt="<image>", multi_modal_data={"image": u8(4, 4, 3)})

@@ -30,7 +30,7 @@ import logging
 import math
 import pickle
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -230,6 +230,8 @@ def _unshaped(modality: str, item: object) -> bool:
         frames = item[0] if isinstance(item, tuple) and len(item) == 2 else item
         if frames is not item and dims(frames) not in (None, 3, 4):  # (frames, metadata)
             return True
+        if frames is not item and not (item[1] is None or isinstance(item[1], Mapping)):  # type: ignore[index]
+            return True  # vLLM types the metadata a dict: a pair of frames is no video
         return isinstance(frames, list) and any(
             isinstance(frame, (np.ndarray, torch.Tensor)) and frame.ndim != 3 for frame in frames
         )
