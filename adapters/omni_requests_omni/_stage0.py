@@ -121,12 +121,34 @@ def _is_engine_request(value: object, extra: tuple[type[Any], ...]) -> bool:
     return bool(extra) and isinstance(value, extra)
 
 
-def _is_token_list(value: object) -> bool:
-    return (
-        isinstance(value, list)
-        and len(value) > 0
-        and all(isinstance(token, int) and not isinstance(token, bool) for token in value)
-    )
+def _unreadable(path: str, error: Exception) -> PromptTypeError:
+    """The error for a caller's container at ``path`` whose own code raised ``error`` as it
+    was read (its ``__iter__``, ``__len__``, ``__contains__``, ``get``, ``items``, ``__bool__``)."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - an exception whose own __str__ raises
+        text = "<unprintable>"
+    return PromptTypeError(path, f"cannot read it ({type(error).__name__}: {text})")
+
+
+def _is_token_list(value: object, path: str) -> bool:
+    """Whether ``value`` is a list of token ids; a list whose own code raises as it is read
+    is refused at ``path``."""
+    if not isinstance(value, list):
+        return False
+    try:
+        return len(value) > 0 and all(
+            isinstance(token, int) and not isinstance(token, bool) for token in value
+        )
+    except Exception as error:  # noqa: BLE001 - whatever a list subclass's own code raises
+        raise _unreadable(path, error) from None
+
+
+def _token_ids(tokens: list[Any], path: str) -> list[Any]:
+    try:
+        return list(tokens)
+    except Exception as error:  # noqa: BLE001 - whatever a list subclass's own code raises
+        raise _unreadable(path, error) from None
 
 
 def _batch(prompts: object) -> list[object] | None:
@@ -136,24 +158,43 @@ def _batch(prompts: object) -> list[object] | None:
     if (
         not isinstance(prompts, Sequence)
         or isinstance(prompts, (str, bytes, bytearray, memoryview, Mapping))
-        or _is_token_list(prompts)
+        or _is_token_list(prompts, "$")
     ):
         return None
-    return list(prompts)
+    try:
+        return list(prompts)
+    except Exception as error:  # noqa: BLE001 - whatever a sequence's own code raises
+        raise _unreadable("$", error) from None
 
 
 def _refuse_scoped_uuids(prompt: object, path: str) -> None:
     """Refuses a dict's UUID that is already scoped to a replica, as a record would."""
     if not isinstance(prompt, Mapping):
         return  # records refuse such UUIDs when they are built
-    if "encoder_prompt" in prompt:
+    # Each read of the caller's mapping is named where its own code raises.
+    try:
+        pair = "encoder_prompt" in prompt
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable(path, error) from None
+    if pair:
         for part in ("encoder_prompt", "decoder_prompt"):
-            _refuse_scoped_uuids(prompt.get(part), f"{path}.{part}")
+            try:
+                value = prompt.get(part)
+            except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+                raise _unreadable(f"{path}.{part}", error) from None
+            _refuse_scoped_uuids(value, f"{path}.{part}")
         return
-    uuids = prompt.get("multi_modal_uuids")
+    try:
+        uuids = prompt.get("multi_modal_uuids")
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable(f"{path}.multi_modal_uuids", error) from None
     if not isinstance(uuids, Mapping):
         return
-    for modality, row in uuids.items():
+    try:
+        rows: Any = uuids.items() if type(uuids) is dict else list(iter(uuids.items()))
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable(f"{path}.multi_modal_uuids", error) from None
+    for modality, row in rows:
         where = f"{path}.multi_modal_uuids.{modality}"
         for i, uuid in enumerate(_uuid_row(row, where)):
             if isinstance(uuid, str):
@@ -179,19 +220,58 @@ def _uuid_row(row: object, where: str) -> list[object]:
 
 
 def carries_media(prompt: object) -> bool:
-    """Whether ``prompt`` has ``multi_modal_data``, read the way the engine reads it."""
+    """Whether ``prompt`` has ``multi_modal_data``, read the way the engine reads it.
+
+    A caller's mapping whose own code raises as it is read is refused by name
+    (:class:`~omni_requests.PromptTypeError`, e.g. at ``$.multi_modal_data``)."""
     if isinstance(prompt, SINGLE_KINDS):
         return bool(prompt.multi_modal_data)
     if isinstance(prompt, EncoderDecoderPrompt):
         return carries_media(prompt.encoder_prompt) or carries_media(prompt.decoder_prompt)
-    if isinstance(prompt, Mapping):
-        if "encoder_prompt" in prompt:
-            return carries_media(prompt.get("encoder_prompt")) or carries_media(prompt.get("decoder_prompt"))
+    if not isinstance(prompt, Mapping):
+        return False
+    # Each read of the caller's mapping is named where its own code raises (try costs
+    # nothing when nothing raises: plain dicts, on every request's path, pay nothing).
+    try:
+        pair = "encoder_prompt" in prompt
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable("$", error) from None
+    if pair:
+        return _part_carries_media(prompt, "encoder_prompt") or _part_carries_media(prompt, "decoder_prompt")
+    try:
         data = prompt.get("multi_modal_data")
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable("$.multi_modal_data", error) from None
+    if type(data) is dict or data is None:
+        return bool(data)  # a plain dict's length: no code of the caller's
+    try:
+        return bool(data)
+    except Exception as error:  # noqa: BLE001 - whatever its own __bool__ or __len__ raises
+        if isinstance(error, (ValueError, RuntimeError)) and not isinstance(data, Mapping):
+            return True  # an array or tensor of several values, not a map: converting it refuses it by name
+        raise _unreadable("$.multi_modal_data", error) from None
+
+
+def _part_carries_media(prompt: Mapping[Any, object], part: str) -> bool:
+    try:
+        value = prompt.get(part)
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable(f"$.{part}", error) from None
+    try:
+        return carries_media(value)
+    except OmniRequestsError as error:
+        raise error.under(f"$.{part}") from None
+
+
+def _any_carries_media(items: list[object], many: bool) -> bool:
+    """Whether some item carries media (the first that does ends the search); an item that
+    cannot be read is refused at its index."""
+    for i, item in enumerate(items):
         try:
-            return bool(data)
-        except (ValueError, RuntimeError):  # an array or tensor of several values, not a map:
-            return True  # converting it refuses it by name
+            if carries_media(item):
+                return True
+        except OmniRequestsError as error:
+            raise (error.under(f"$[{i}]") if many else error) from None
     return False
 
 
@@ -248,8 +328,11 @@ class _Request:
         # dicts becomes one item, hashed once.
         with unsealed():
             for i, item in enumerate(items):
-                if isinstance(item, _RECORDS_OR_STR) or _is_token_list(item):
+                if isinstance(item, _RECORDS_OR_STR):
                     self.records.append(item)
+                elif isinstance(item, list) and _is_token_list(tokens := _token_ids(item, at(i)), at(i)):
+                    # Read once, here: this copy goes out (a list's own code runs no more).
+                    self.records.append(tokens)
                 elif isinstance(item, Mapping):
                     try:
                         self.records.append(from_vllm(item))
@@ -300,8 +383,8 @@ class _Request:
         item, record = self.items[index], self.records[index]
         if isinstance(item, str):
             return item
-        if _is_token_list(item):
-            return list(item)  # type: ignore[call-overload]
+        if type(record) is list:
+            return list(record)  # a token list, copied in __init__
         prompt: Any = record  # a record: dicts were read into one in __init__
         scoped = scope_to_replica(prompt, replica_id, hasher=self.hasher)
         return scoped if isinstance(item, _RECORDS) and not as_dicts else to_vllm(scoped)
@@ -409,7 +492,7 @@ def scope_stage0(
         return Stage0Result(
             None, _unscoped(prompts, batch, None if pool.replicas else "stage 0 has no live replica")
         )
-    if not any(carries_media(item) for item in items):
+    if not _any_carries_media(items, many):
         return Stage0Result(None, prompts)
 
     request = _Request(items, hasher, (lambda i: f"$[{i}]") if many else (lambda _: "$"))

@@ -238,15 +238,44 @@ def from_vllm(prompt: object) -> Prompt:
     """
     if isinstance(prompt, Mapping):
         prompt = _with_plain_keys(prompt)
-    if isinstance(prompt, Mapping) and "encoder_prompt" in prompt:
-        unknown = sorted(set(prompt) - {"encoder_prompt", "decoder_prompt"})
-        if unknown:
-            raise InvalidPromptError(f"$.{unknown[0]}", "unknown field for an encoder-decoder prompt")
-        encoder = _nested(prompt["encoder_prompt"], "$.encoder_prompt")
-        decoder_value = prompt.get("decoder_prompt")
-        decoder = None if decoder_value is None else _nested(decoder_value, "$.decoder_prompt")
-        return EncoderDecoderPrompt(encoder_prompt=encoder, decoder_prompt=decoder)
+        try:
+            pair = "encoder_prompt" in prompt
+        except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+            raise _unreadable("$", error) from None
+        if pair:
+            return _pair_from_vllm(prompt)
     return _single_from_vllm(prompt)
+
+
+def _pair_from_vllm(prompt: Mapping[str, object]) -> EncoderDecoderPrompt:
+    # Each read of the caller's mapping is named where its own code raises.
+    try:
+        unknown = sorted(set(prompt) - {"encoder_prompt", "decoder_prompt"})
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable("$", error) from None
+    if unknown:
+        raise InvalidPromptError(f"$.{unknown[0]}", "unknown field for an encoder-decoder prompt")
+    try:
+        encoder_value = prompt["encoder_prompt"]
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable("$.encoder_prompt", error) from None
+    try:
+        decoder_value = prompt.get("decoder_prompt")
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable("$.decoder_prompt", error) from None
+    encoder = _nested(encoder_value, "$.encoder_prompt")
+    decoder = None if decoder_value is None else _nested(decoder_value, "$.decoder_prompt")
+    return EncoderDecoderPrompt(encoder_prompt=encoder, decoder_prompt=decoder)
+
+
+def _unreadable(path: str, error: Exception) -> PromptTypeError:
+    """The error for a caller's container at ``path`` whose own code raised ``error`` as it
+    was read (its ``__iter__``, ``__getitem__``, ``__contains__``, ``get``, ``items``)."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - an exception whose own __str__ raises
+        text = "<unprintable>"
+    return PromptTypeError(path, f"cannot read it ({type(error).__name__}: {text})")
 
 
 def _with_plain_keys(prompt: Mapping[Any, object]) -> Mapping[str, object]:
@@ -254,15 +283,26 @@ def _with_plain_keys(prompt: Mapping[Any, object]) -> Mapping[str, object]:
     its text: a subclass's own ``==`` could match any field); a key that is no str, or
     that gives a field twice, is refused by name."""
     plain = True
-    for key in prompt:
+    if type(prompt) is dict:
+        keys: Any = prompt  # a dict's iteration runs no code of the caller's
+    else:
+        try:
+            keys = list(iter(prompt))  # iter(): list() alone would call its __len__ too
+        except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+            raise _unreadable("$", error) from None
+    for key in keys:
         if type(key) is not str:
             if not isinstance(key, str):
                 raise PromptTypeError("$", f"prompt keys must be str, got {type_name(key)}")
             plain = False
     if plain:
         return prompt
+    try:
+        rows = list(iter(prompt.items()))
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable("$", error) from None
     copied: dict[str, object] = {}
-    for key, value in prompt.items():
+    for key, value in rows:
         text = str.__str__(key)
         if text in copied:
             raise InvalidPromptError(f"$.{text}", "is given twice (a str subclass key reads as its text)")
@@ -311,9 +351,24 @@ def _as_listed(prompt: Mapping[str, object]) -> dict[str, object]:
     vLLM reads a prompt's fields by name; a record built from what the mapping lists
     would drop such a field silently (its media, say, while ``carries_media`` saw them).
     """
-    listed = {key: prompt[key] for key in prompt}
+    try:
+        keys = list(iter(prompt))
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable("$", error) from None
+    listed: dict[str, object] = {}
+    for key in keys:
+        try:
+            listed[key] = prompt[key]
+        except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+            raise _unreadable(f"$.{key}" if type(key) is str else "$", error) from None
     for name in _FIELDS:
-        if name not in listed and name in prompt:
+        if name in listed:
+            continue
+        try:
+            hidden = name in prompt
+        except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+            raise _unreadable("$", error) from None
+        if hidden:
             raise InvalidPromptError(
                 f"$.{name}",
                 f"is in the prompt ({type_name(prompt)}) but not among the keys it lists, so "
@@ -335,12 +390,23 @@ def _as_vllm_reads(prompt: Mapping[str, object]) -> dict[str, object]:
     uuids = fields.get("multi_modal_uuids")
     if not isinstance(uuids, Mapping):
         return fields
-    dropped = {
-        modality for modality, value in data.items() if value is None and uuids.get(modality) is not None
-    }
+    # Each map is read once, as its rows (a record is built from them below): a caller's
+    # mapping whose own code raises is named.
+    try:
+        rows: Any = data.items() if type(data) is dict else list(iter(data.items()))
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable("$.multi_modal_data", error) from None
+    if not any(value is None for _, value in rows):
+        return fields  # the common case: the maps go on to the record as given
+    try:
+        uuid_rows = list(iter(uuids.items()))
+    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
+        raise _unreadable("$.multi_modal_uuids", error) from None
+    given = {m for m, u in uuid_rows if u is not None}
+    dropped = {modality for modality, value in rows if value is None and modality in given}
     if dropped:
-        fields["multi_modal_data"] = {m: v for m, v in data.items() if m not in dropped}
-        fields["multi_modal_uuids"] = {m: u for m, u in uuids.items() if m not in dropped}
+        fields["multi_modal_data"] = {m: v for m, v in rows if m not in dropped}
+        fields["multi_modal_uuids"] = {m: u for m, u in uuid_rows if m not in dropped}
     return fields
 
 
