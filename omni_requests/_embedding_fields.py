@@ -70,7 +70,7 @@ class EmbeddingFields(Mapping[str, Any]):
     _layout: dict[str, str]
 
     def __init__(self, fields: Mapping[str, Any], layout: Mapping[str, str]) -> None:
-        from ._media import check_hashable_tensor, check_text, is_torch_tensor
+        from ._media import check_hashable_tensor, check_text, is_torch_tensor, read_entries
 
         refuse_second_init(self, "_fields")
         path = "$.fields"
@@ -80,10 +80,12 @@ class EmbeddingFields(Mapping[str, Any]):
             raise PromptTypeError(
                 "$.layout", f"must be a mapping of field name to rule, got {type_name(layout)}"
             )
-        if not fields:
+        # Each read once: what their own code raises is named (a FrozenDict, dict: as they are).
+        given_fields, given_layout = read_entries(fields, path), read_entries(layout, "$.layout")
+        if not given_fields:
             raise InvalidPromptError(path, "must hold at least one field")
         frozen: dict[str, Any] = {}
-        for name, tensor in fields.items():
+        for name, tensor in given_fields:
             if not isinstance(name, str):
                 raise PromptTypeError(path, f"field names must be str, got {type_name(name)}")
             name = check_text(path, str.__str__(name))
@@ -95,7 +97,7 @@ class EmbeddingFields(Mapping[str, Any]):
             check_hashable_tensor(tensor, where)
             frozen[name] = tensor.detach().clone()
         rules: dict[str, str] = {}
-        for name, rule in layout.items():
+        for name, rule in given_layout:
             if not isinstance(name, str) or name not in frozen:
                 raise InvalidPromptError(f"$.layout.{name}", f"names no field; the fields are {list(frozen)}")
             rules[str.__str__(name)] = _layout_rule(f"$.layout.{name}", rule)

@@ -213,6 +213,43 @@ _PVECTOR: Final[type[Any]] = type(pvector())  # records' own vectors; a register
 MAX_DEPTH: Final = 32
 
 
+def read_elements(value: Any, path: str) -> Any:
+    """A caller's tuple, list (or ``PVector`` look-alike) as one read of it: the checks
+    and the freezing both read what this returns, so a record keeps what was checked.
+
+    A plain tuple or list, or a record's own vector, is returned as it is (built-ins run
+    no caller code, so they cannot read one way and iterate another); any other is read
+    by one iteration (as vLLM unpacks and iterates it) into a plain tuple (a tuple
+    subclass) or list, and what its own code raises is named by ``path``.
+    """
+    kind = type(value)
+    if kind is tuple or kind is list or kind is _PVECTOR:
+        return value
+    try:
+        read = list(value)
+    except Exception as error:  # noqa: BLE001 - whatever the container's own code raises
+        raise PromptTypeError(
+            path, f"the {type_name(value)}'s elements cannot be read ({type(error).__name__}: {error})"
+        ) from None
+    return tuple(read) if isinstance(value, tuple) else read
+
+
+def read_entries(value: Mapping[Any, Any], path: str) -> Any:
+    """A caller's mapping's entries as one read of them: a list of (key, value) pairs (a
+    record's own :class:`FrozenDict`'s as they are); what its own code raises (its
+    ``items()``, an entry that is no pair) is named by ``path``."""
+    if type(value) is FrozenDict:
+        return value._data.items()  # never changed once made
+    if type(value) is dict:
+        return list(value.items())  # one read: freezing a value cannot change what is walked
+    try:
+        return [(key, item) for key, item in value.items()]
+    except Exception as error:  # noqa: BLE001 - whatever the mapping's own code raises
+        raise PromptTypeError(
+            path, f"the {type_name(value)}'s entries cannot be read ({type(error).__name__}: {error})"
+        ) from None
+
+
 def check_text(path: str, text: str) -> str:
     """``text`` when it encodes as UTF-8 (as every key does), else a clear error.
 
@@ -489,10 +526,13 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
     if kind is MediaKind.ARRAY:
         refuse_set_in_place(value, path)  # type: ignore[arg-type]
         array: np.ndarray[Any, Any] = handout(value)  # type: ignore[arg-type]  # a record's: as made
-        if array.dtype.hasobject:
+        # As numpy reads it: a subclass's dtype may raise or lie (uint8 over an object
+        # array), and the record keeps a plain copy of what numpy holds.
+        dtype = _DTYPE(array)
+        if dtype.hasobject:
             raise PromptTypeError(path, "numpy arrays of dtype object cannot be hashed; use a numeric dtype")
-        if array.dtype.itemsize == 0:
-            raise PromptTypeError(path, f"arrays of dtype {array.dtype} hold no bytes to key")
+        if dtype.itemsize == 0:
+            raise PromptTypeError(path, f"arrays of dtype {dtype} hold no bytes to key")
         check_code_points(array, path)
         return immutable_array(value)  # type: ignore[arg-type]
     if kind is MediaKind.TENSOR:
@@ -503,12 +543,14 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
         check_tensor_dims(value, path)
         return seal_tensor(value)
     if kind is MediaKind.IMAGE:
+        check_image_attributes(value, path)  # as loading reads them: a subclass's may raise
         try:  # a file image decodes on first use: fail here, by name, not in a hash
             value.load()  # type: ignore[attr-defined]
         except Exception as error:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, its own
             raise InvalidPromptError(
                 path, f"the image cannot be read ({type(error).__name__}: {error}); vLLM could not parse it"
             ) from None
+        check_image_attributes(value, path, loaded=True)
         wrong_size = image_size_error(value)
         if wrong_size is not None:
             raise InvalidPromptError(path, wrong_size)
@@ -538,6 +580,24 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
         f"unsupported media value of type {type_name(value)}; expected an image, array, tensor, "
         "list, tuple, dict, str, bytes or number",
     )
+
+
+def check_image_attributes(image: Any, path: str, *, loaded: bool = False) -> None:
+    """Refuse an image (a subclass) whose attributes vLLM's parser and the record read
+    (mode, size, info, palette; once ``loaded``, its pixels' mode and size) raise when
+    read: vLLM would fail on it, naming no field. Read here, so what they raise is named
+    by ``path``. (Reading ``im`` decodes a file image: only once it is loaded.)"""
+    try:
+        image.mode, image.size, image.palette  # noqa: B018 - read for what they raise
+        "transparency" in image.info  # noqa: B015 - as vLLM's parser and the checks read it
+        if loaded:
+            image.im.mode, image.im.size  # noqa: B018
+    except Exception as error:  # noqa: BLE001 - whatever a subclass's (or its info's) code raises
+        raise PromptTypeError(
+            path,
+            f"the {type_name(image)}'s attributes cannot be read ({type(error).__name__}: {error}); "
+            "vLLM's parser reads them: give a plain PIL image",
+        ) from None
 
 
 def image_size_error(image: Any) -> str | None:
@@ -587,6 +647,26 @@ def check_values_held(tensor: Any, path: str) -> None:
 
 
 def check_hashable_tensor(tensor: Any, path: str) -> None:
+    """Refuse a tensor vLLM's hasher cannot read, with our error, not torch's; a
+    subclass's own methods (dtype, detach, cpu, numpy...) that raise are named by ``path``
+    too (a plain tensor's reads run no caller code: what they raise beyond torch's
+    refusals is left as it is)."""
+    if type(tensor) is sys.modules["torch"].Tensor:
+        _check_hashable_tensor(tensor, path)
+        return
+    try:
+        _check_hashable_tensor(tensor, path)
+    except PromptTypeError:
+        raise
+    except Exception as error:  # noqa: BLE001 - whatever a subclass's own code raises
+        raise PromptTypeError(
+            path,
+            f"the {type_name(tensor)} cannot be read as vLLM's hasher reads it ({type(error).__name__}: "
+            f"{error}); give a plain tensor",
+        ) from None
+
+
+def _check_hashable_tensor(tensor: Any, path: str) -> None:
     # vLLM hashes a tensor through tensor.detach().cpu().numpy(): a tensor numpy cannot
     # view (conjugate or negative bit set, sparse, nested, quantized, meta, a dtype numpy
     # lacks) has no key in vLLM either. Refuse it here, with our error, not torch's.
@@ -657,7 +737,8 @@ def freeze_option(value: object, path: str, depth: int = 0) -> object:
     if isinstance(value, np.ndarray):
         refuse_set_in_place(value, path)
         check_code_points(handout(value), path)
-        return value if value.dtype.hasobject or value.dtype.itemsize == 0 else immutable_array(value)
+        dtype = _DTYPE(as_made(value))  # as numpy reads it: a subclass's dtype may raise or lie
+        return value if dtype.hasobject or dtype.itemsize == 0 else immutable_array(value)
     if isinstance(value, (bytearray, memoryview)):
         return bytes(value)
     frozen = _freeze_container(value, path, freeze_option, depth)
@@ -665,6 +746,7 @@ def freeze_option(value: object, path: str, depth: int = 0) -> object:
 
 
 _NOT_A_CONTAINER: Final = object()
+_DTYPE: Final = np.ndarray.dtype.__get__
 
 
 def _freeze_container(value: object, path: str, freeze: Any, depth: int) -> object:
@@ -675,14 +757,14 @@ def _freeze_container(value: object, path: str, freeze: Any, depth: int) -> obje
     if depth >= MAX_DEPTH:
         raise _too_deep(path)
     if isinstance(value, tuple):
-        return tuple(freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value))
+        return tuple([freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(read_elements(value, path))])
     if isinstance(value, Mapping):
         return _freeze_mapping(value, path, freeze, depth)
     return _freeze_sequence(value, path, freeze, depth)
 
 
 def _freeze_sequence(value: Any, path: str, freeze: Any, depth: int) -> PVector[Any]:
-    frozen = [freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(value)]
+    frozen = [freeze(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(read_elements(value, path))]
     if type(value) is _PVECTOR and all(a is b for a, b in zip(frozen, value, strict=True)):
         kept: PVector[Any] = value
         return kept
@@ -691,7 +773,7 @@ def _freeze_sequence(value: Any, path: str, freeze: Any, depth: int) -> PVector[
 
 def _freeze_mapping(value: Mapping[Any, Any], path: str, freeze: Any, depth: int) -> FrozenDict[str, Any]:
     frozen: dict[str, Any] = {}
-    for key, item in value.items():
+    for key, item in read_entries(value, path):
         if not isinstance(key, str):
             raise PromptTypeError(f"{path}", f"mapping keys must be str, got {type_name(key)} {key!r}")
         name = check_text(path, str.__str__(key))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 import types
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Self, TypeAlias, TypeGuard
@@ -32,6 +33,7 @@ from ._media import (
     apply_palette_state,
     as_made,
     check_code_points,
+    check_image_attributes,
     check_tensor_dims,
     check_text,
     check_values_held,
@@ -47,6 +49,8 @@ from ._media import (
     media_kind,
     palette_state,
     plain_map,
+    read_elements,
+    read_entries,
     tensor_bytes,
     thaw,
 )
@@ -119,12 +123,13 @@ def _ndim(value: object) -> int | None:
     return None
 
 
-def _split_items(modality: str, data: Any) -> list[object]:
-    """The items vLLM sees in ``multi_modal_data[modality]``: a single item or a list."""
+def _split_items(where: str, modality: str, data: Any) -> list[object]:
+    """The items vLLM sees in ``multi_modal_data[modality]``: a single item or a list.
+    ``data``: a list or tuple as :func:`read_elements` read it (one read, checked and frozen)."""
     as_list = isinstance(data, (list, PVector))
     ndim = _ndim(data)
     if modality in _VISUAL_AUDIO and is_torch_tensor(data) and ndim == 3:
-        return list(data)  # a batch of embeddings, one item per row
+        return _unbound(where, data)  # a batch of embeddings, one item per row
     if modality == "image":
         if is_pil_image(data) or ndim == 3:
             return [data]
@@ -140,9 +145,25 @@ def _split_items(modality: str, data: Any) -> list[object]:
             return [data]  # one waveform given as a list of floats
         if ndim == 1 or isinstance(data, tuple):
             return [data]
-    if ndim is not None or as_list or (modality == "image" and isinstance(data, tuple)):
-        return list(as_made(data) if type(data) is np.ndarray else data)
+    if ndim is not None:  # an array (a plain view: see _convert_media) or a tensor
+        return _unbound(where, as_made(data) if type(data) is np.ndarray else data)
+    if as_list or (modality == "image" and isinstance(data, tuple)):
+        return list(data)
     return [data]
+
+
+def _unbound(where: str, data: Any) -> list[object]:
+    """An array's or tensor's rows, as vLLM's parser splits it. A plain one's split runs no
+    caller code; a tensor subclass's (``torch.masked.MaskedTensor``) may raise: by name."""
+    torch = sys.modules.get("torch")
+    if type(data) is np.ndarray or (torch is not None and type(data) is torch.Tensor):
+        return list(data)
+    try:
+        return list(data)
+    except Exception as error:  # noqa: BLE001 - whatever the subclass's own code raises
+        raise PromptTypeError(
+            where, f"the {type_name(data)} cannot be split into items ({type(error).__name__}: {error})"
+        ) from None
 
 
 # Text or a file's raw bytes: no image, video, audio or waveform until something loads it.
@@ -189,7 +210,7 @@ def _convert_media(value: MediaDataInput | None) -> MediaData:
     if not isinstance(value, Mapping):
         raise PromptTypeError(path, f"must be a mapping of modality to items, got {type_name(value)}")
     frozen: dict[str, PVector[Any]] = {}
-    for modality, data in value.items():
+    for modality, data in read_entries(value, path):
         modality = _check_modality(path, modality)
         where = f"{path}.{modality}"
         _check_given_once(where, modality, frozen)
@@ -236,11 +257,22 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
         check_code_points(handout(data), where)
     # A pvector is a list of items already (a record's own); anything else is read
     # the way vLLM reads it, so single items and lists give the same record.
-    if is_torch_tensor(data) and data.is_nested:  # torch refuses its len() and sizes
+    # (Read through torch's own descriptor: a subclass's is_nested may raise or lie.)
+    if is_torch_tensor(data) and sys.modules["torch"].Tensor.is_nested.__get__(data):  # no len(), sizes
         raise PromptTypeError(
             where, "a nested tensor is no item vLLM can split or key; give a list of tensors"
         )
-    items = data if isinstance(data, PVector) else _split_items(modality, data)
+    if isinstance(data, PVector):  # a list of items already: a record's own, or a loader's
+        items: Sequence[Any] = read_elements(data, where)
+    else:
+        # Read once (a subclass's len, [i] and iteration could each say another thing):
+        # split, checked and frozen, it is this read.
+        read = read_elements(data, where) if isinstance(data, (list, tuple)) else data
+        items = _split_items(where, modality, read)
+    if modality in ("video", "audio"):
+        # Their checks read into items (a pair's parts, a video's frames, a waveform's
+        # channels): each container they read is read once, and frozen as read.
+        items = [_read_item(f"{where}[{i}]", item, _READ_LEVELS) for i, item in enumerate(items)]
     if modality in _VISUAL_AUDIO:
         _check_no_text(where, modality, data, items)
         _check_no_numbers(where, modality, items)
@@ -267,6 +299,27 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
         _check_no_image_containers(where, items, vector)
     _OWN_VECTORS.put(vector, modality)
     return vector
+
+
+# How deep the video and audio checks read into an item's lists and tuples: (frames,
+# metadata) and its frames; (waveform, rate), its waveform's channels and their samples.
+_READ_LEVELS: Final = 3
+_SEQUENCES: Final = (list, tuple, PVector)
+
+
+def _read_item(where: str, item: object, levels: int) -> object:
+    """``item`` with its lists and tuples ``levels`` deep each read once
+    (:func:`read_elements`): ``item`` itself where all are plain (built-ins cannot read one
+    way and iterate another), else a copy of plain tuples and lists as read."""
+    if not isinstance(item, _SEQUENCES) or is_pil_image(item) or is_torch_tensor(item):
+        return item  # freezing refuses a container that is also an image or a tensor
+    read = read_elements(item, where)
+    if levels <= 1 or not any(issubclass(kind, _SEQUENCES) for kind in set(map(type, read))):
+        return read
+    parts = [_read_item(f"{where}[{j}]", part, levels - 1) for j, part in enumerate(read)]
+    if all(part is before for part, before in zip(parts, read, strict=True)):
+        return read
+    return tuple(parts) if isinstance(read, tuple) else parts
 
 
 def _item_key(item: object) -> tuple[object, ...]:
@@ -456,6 +509,7 @@ def _check_images_parse(where: str, items: Sequence[object]) -> None:
             )
         if not is_pil_image(item):
             continue
+        check_image_attributes(item, f"{where}[{i}]")  # a subclass's that raise: by name
         error = rgb_conversion_error(item)
         if error is not None:
             image: Any = item
@@ -757,7 +811,7 @@ def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:
     if not isinstance(value, Mapping):
         raise PromptTypeError(path, f"must be a mapping of modality to UUIDs, got {type_name(value)}")
     frozen: dict[str, PVector[str | None]] = {}
-    for modality, uuids in value.items():
+    for modality, uuids in read_entries(value, path):
         modality = _check_modality(path, modality)
         where = f"{path}.{modality}"
         _check_given_once(where, modality, frozen)
@@ -767,7 +821,8 @@ def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:
             uuids = [uuids]
         elif not isinstance(uuids, (list, tuple, PVector)):
             raise PromptTypeError(where, f"must be a str or a list of str or None, got {type_name(uuids)}")
-        frozen[modality] = pvector([_check_uuid(f"{where}[{i}]", uuid) for i, uuid in enumerate(uuids)])
+        row = read_elements(uuids, where)
+        frozen[modality] = pvector([_check_uuid(f"{where}[{i}]", uuid) for i, uuid in enumerate(row)])
     return frozen_map(frozen, "uuids") if frozen else _EMPTY
 
 
@@ -839,27 +894,40 @@ def _convert_media_io(value: Mapping[str, Options] | None) -> FrozenDict[str, An
 # A token id is an index into the vocabulary: vLLM refuses a negative one (and one past
 # its vocabulary), and holds them as int64.
 _MAX_TOKEN_ID: Final = (1 << 63) - 1
+_PVECTOR: Final[type[Any]] = type(pvector())  # a record's own; a registered look-alike is not one
 
 
 def _as_token_ids(path: str, value: object) -> PVector[int]:
-    if isinstance(value, PVector) and all(type(v) is int and 0 <= v <= _MAX_TOKEN_ID for v in value):
-        return value
+    if type(value) is _PVECTOR:
+        own: PVector[Any] = value  # type: ignore[assignment]
+        if all(type(v) is int and 0 <= v <= _MAX_TOKEN_ID for v in own):
+            return own  # a record's own (or as good as one)
     if (
         isinstance(value, (str, bytes))
         or not isinstance(value, (Sequence, np.ndarray, PVector))
-        or (isinstance(value, np.ndarray) and value.ndim != 1)
+        or (isinstance(value, np.ndarray) and _ndim(value) != 1)
     ):
         raise PromptTypeError(path, f"must be a list of int, got {type_name(value)}")
     if isinstance(value, np.ndarray):  # before reading its elements
-        check_code_points(value, path)
+        # As numpy holds it (a private view): a subclass's own code is never run.
+        plain: np.ndarray[Any, Any] = np.ndarray.view(as_made(value), np.ndarray)
+        check_code_points(plain, path)
+        tokens: Sequence[Any] = plain  # type: ignore[assignment]
+    else:
+        tokens = read_elements(value, path)  # once: checked and kept as read
     ids = []
-    for i, token in enumerate(value):
+    for i, token in enumerate(tokens):
         if isinstance(token, bool):
             raise PromptTypeError(f"{path}[{i}]", "must be an int, got bool")
         try:
             token_id = operator.index(token)
         except TypeError:
             raise PromptTypeError(f"{path}[{i}]", f"must be an int, got {type_name(token)}") from None
+        except Exception as error:  # noqa: BLE001 - an int subclass's own __index__
+            raise PromptTypeError(
+                f"{path}[{i}]",
+                f"this {type_name(token)} cannot be read as an int ({type(error).__name__}: {error})",
+            ) from None
         if not 0 <= token_id <= _MAX_TOKEN_ID:
             raise InvalidPromptError(
                 f"{path}[{i}]", f"must be a token id between 0 and 2**63 - 1 (vLLM's int64), got {token_id}"
@@ -878,10 +946,11 @@ def _as_embeds(path: str, value: object, *, allow_list: bool = False) -> Any:
     if is_torch_tensor(value):
         return value
     if allow_list and isinstance(value, (list, tuple, PVector)):
-        for i, tensor in enumerate(value):
+        tensors = read_elements(value, path)  # once: checked and kept as read
+        for i, tensor in enumerate(tensors):
             if not is_torch_tensor(tensor):
                 raise PromptTypeError(f"{path}[{i}]", f"must be a torch.Tensor, got {type_name(tensor)}")
-        return pvector(value)
+        return pvector(tensors)
     expected = "a torch.Tensor or a list of them" if allow_list else "a torch.Tensor"
     raise PromptTypeError(path, f"must be {expected}, got {type_name(value)}")
 
@@ -927,10 +996,11 @@ def _prompt_is_token_ids(value: Sequence[bool] | None) -> PVector[bool] | None:
         return None
     if not isinstance(value, (list, tuple, PVector)):
         raise PromptTypeError(path, f"must be a list of bool, got {type_name(value)}")
-    for i, flag in enumerate(value):
+    flags = read_elements(value, path)  # once: checked and kept as read
+    for i, flag in enumerate(flags):
         if not isinstance(flag, bool):
             raise PromptTypeError(f"{path}[{i}]", f"must be a bool, got {type_name(flag)}")
-    return pvector(value)
+    return pvector(flags)
 
 
 def fits_embeds_prompt(value: object) -> bool:
@@ -988,7 +1058,7 @@ def _modalities(value: StrList | None) -> PVector[str] | None:
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, PVector)):
         raise PromptTypeError(path, f"must be a list of str, got {type_name(value)}")
     names = []
-    for i, name in enumerate(value):
+    for i, name in enumerate(read_elements(value, path)):
         if not isinstance(name, str):
             raise PromptTypeError(f"{path}[{i}]", f"must be a str, got {type_name(name)}")
         names.append(check_text(f"{path}[{i}]", str.__str__(name)))
@@ -1231,7 +1301,7 @@ class _Prompt(_Derived):
             )
         data: dict[Any, Any] = dict(plain_map(self.multi_modal_data))
         uuids: dict[Any, Any] = dict(plain_map(self.multi_modal_uuids))
-        for modality, items in multi_modal_data.items():
+        for modality, items in read_entries(multi_modal_data, "$.multi_modal_data"):
             uuids.pop(modality, None)
             if items is None:
                 data.pop(modality, None)
@@ -1243,7 +1313,7 @@ class _Prompt(_Derived):
                     "$.multi_modal_uuids",
                     f"must be a mapping of modality to UUIDs, got {type_name(multi_modal_uuids)}",
                 )
-            uuids.update(multi_modal_uuids)
+            uuids.update(read_entries(multi_modal_uuids, "$.multi_modal_uuids"))
         made = attrs.evolve(self, multi_modal_data=data, multi_modal_uuids=uuids)
         if multi_modal_uuids is not None and _UUID_PAIRS.get(multi_modal_uuids) is not None:
             # A record's own map (template.multi_modal_uuids) names that record's items, as
