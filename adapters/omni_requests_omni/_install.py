@@ -99,12 +99,27 @@ class _Copies:
 
     def __init__(self) -> None:
         self.made: list[_Made] = []
-        self.plain: list[object] = []  # the multi_modal_data of each such dict
+        # each such dict's multi_modal_data, and a copy of its multi_modal_uuids
+        self.plain: list[tuple[object, object]] = []
 
     def is_plain(self, prompt: Mapping[str, Any]) -> bool:
         """Whether ``prompt`` is one of the dicts scoped as they are (or a shallow copy)."""
         data = prompt.get("multi_modal_data")
-        return data is not None and any(data is own for own in self.plain)
+        return data is not None and any(data is own for own, _ in self.plain)
+
+    def copies_plain(self, prompt: Mapping[str, Any]) -> bool:
+        """Whether ``prompt`` is a deep copy of one of the dicts scoped as they are."""
+        uuids, data = prompt.get("multi_modal_uuids"), prompt.get("multi_modal_data")
+        return any(_equal(uuids, own_uuids) and values_equal(data, own) for own, own_uuids in self.plain)
+
+
+def _equal(a: object, b: object) -> bool:
+    """``a == b`` as a plain True: an array's elementwise answer, or an ``__eq__`` that
+    raises, is no match (the dict is then read as it is, and refused by name if bad)."""
+    try:
+        return (a == b) is True
+    except Exception:  # noqa: BLE001 - a caller's object's own __eq__
+        return False
 
 
 class _Parent(NamedTuple):
@@ -218,7 +233,7 @@ def _engine_copy(prompt: Any, copies: _Copies) -> Any:
         data = engine.get("multi_modal_data")
         if data is not None:
             if prompt.scope is None:
-                copies.plain.append(data)
+                copies.plain.append((data, copy.deepcopy(engine.get("multi_modal_uuids"))))
             else:
                 copies.made.append(_Made(data, copy.deepcopy(engine.get("multi_modal_uuids")), prompt))
         return engine
@@ -226,7 +241,7 @@ def _engine_copy(prompt: Any, copies: _Copies) -> Any:
         copied = {key: _engine_copy(value, copies) for key, value in prompt.items()}
         data = copied.get("multi_modal_data")
         if data is not None:
-            copies.plain.append(data)
+            copies.plain.append((data, copy.deepcopy(copied.get("multi_modal_uuids"))))
         return copied
     if isinstance(prompt, list):
         return [_engine_copy(value, copies) for value in prompt]
@@ -254,12 +269,26 @@ def _as_scoped_records(prompt: Any, copies: _Copies, hasher: MediaHasher) -> Any
             return _read_back(prompt, made.record, hasher, same_media=False)
     if copies.is_plain(prompt):
         return prompt
+    # A deep copy: of every prompt it equals, records and dicts alike, one policy must be
+    # kept, or none can be told apart (two tenants' records of equal media and UUIDs).
     uuids = prompt.get("multi_modal_uuids")
+    found: list[tuple[KeyPolicy, Any]] = []
     for made in copies.made:
-        if uuids == made.uuids:
-            found = _read_back(prompt, made.record, hasher, same_media=True)
-            if found is not None:
-                return found
+        if _equal(uuids, made.uuids):
+            record = _read_back(prompt, made.record, hasher, same_media=True)
+            if record is not None:
+                found.append((made.record.scope.policy, record))
+    if found and copies.copies_plain(prompt):
+        found.append((_DEFAULT_POLICY, prompt))
+    if len({policy for policy, _ in found}) > 1:
+        raise InvalidPromptError(
+            "$.multi_modal_uuids",
+            "a prompt transform copied the dicts of prompts scoped under different key policies "
+            "whose media and UUIDs are equal, so which is which cannot be told; keep each dict's "
+            "multi_modal_data (a shallow copy does)",
+        )
+    if found:
+        return found[0][1]
     if carries_media(prompt):
         return _under_the_requests_policy(prompt, copies, hasher)
     return prompt
@@ -308,8 +337,11 @@ _DEFAULT_POLICY: Final = KeyPolicy()
 
 def _builds_companions(engine: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether vllm-omni builds CFG companions after this message (its add_request does
-    for an engine with a prompt expansion and a request past stage 0)."""
+    for an engine with a prompt expansion and a request past stage 0; a streaming update,
+    add_streaming_update's, never)."""
     if getattr(engine, "prompt_expand_func", None) is None:
+        return False
+    if kwargs.get("message_type", "add_request") != "add_request":  # a streaming update: none
         return False
     final_stage_id = kwargs.get("final_stage_id", args[4] if len(args) > 4 else 0)
     return not isinstance(final_stage_id, int) or final_stage_id > 0
@@ -387,7 +419,7 @@ class Stage0Scoping:
             self._parents.pop(id(engine_prompt), None)
         try:
             message = self._build(*args, **kwargs)
-            if call.parent is not None and _builds_companions(self.engine, args, kwargs):
+            if call.parent is not None and self._installed and _builds_companions(self.engine, args, kwargs):
                 # vllm-omni builds the companions next, from the message's original_prompt:
                 # this very object, which tells two requests sharing an id apart.
                 with self._lock:
@@ -589,6 +621,8 @@ class Stage0Scoping:
             installed, self._installed = self._installed, False
         if not installed:
             return
+        with self._lock:
+            self._parents.clear()  # companions built from now on go the engine's own way
         build, helper, _, companions = self._before
         _put_back(self.engine, _BUILD, build)
         _put_back(self.engine, _HELPER, helper)

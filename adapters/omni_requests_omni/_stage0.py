@@ -472,9 +472,8 @@ def scope_stage0(
         raise PromptTypeError("as_dicts", f"must be a bool, got {type_name(as_dicts)}")
     if pool.is_diffusion:
         # No processor cache: no key to keep apart, no policy to keep; the prompts are
-        # read no further than a record or a plain list or tuple of them.
-        plain = type(prompts) is list or type(prompts) is tuple
-        return Stage0Result(None, _unscoped(prompts, list(prompts) if plain else None, None))  # type: ignore[call-overload]
+        # read no further than a record or a batch of them.
+        return Stage0Result(None, _unscoped(prompts, _batch(prompts), None))
     if _is_engine_request(prompts, pool.engine_request_types):
         return Stage0Result(None, prompts)
     batch = _batch(prompts)

@@ -24,6 +24,7 @@ from omni_requests import (
     InvalidPromptError,
     KeyPolicy,
     MediaHasher,
+    PromptTypeError,
     TextPrompt,
     scope_to_replica,
 )
@@ -613,3 +614,64 @@ def test_a_tenants_record_scoped_before_goes_to_the_one_live_replica_under_its_k
     # review, helper-63).
     sent, _ = _sent_alone(_tenant_img2img(6, "acme"), live=[0])
     assert sent["multi_modal_uuids"] == {"image": ["stage0:rep0:tenant:acme:photo-6"]}
+
+
+def test_a_deep_copy_of_two_tenants_records_that_look_alike_is_refused_not_merged() -> None:
+    # Equal media and UUIDs under two tenants: a deep-copying transform's dicts matched
+    # the first record twice, globex's image going out under acme's key (found by a
+    # review, helper-71). Which is which cannot be told: refused by name.
+    records = [
+        scope_to_replica(
+            TextPrompt(
+                prompt="<image>", multi_modal_data={"image": _pixels(3)}, multi_modal_uuids={"image": "photo"}
+            ),
+            0,
+            hasher=MediaHasher(MODEL),
+            policy=KeyPolicy(tenant=tenant, tenant_content=True),
+        )
+        for tenant in ("acme", "globex")
+    ]
+    sent, _ = _sent_alone(records)  # no transform: each its own
+    assert [item["multi_modal_uuids"]["image"][0].split(":")[3] for item in sent] == ["acme", "globex"]
+    with pytest.raises(InvalidPromptError, match="which is which cannot be told") as caught:
+        _sent_alone(records, lambda prompt, _: copy.deepcopy(prompt))
+    assert caught.value.path == "$.multi_modal_uuids"
+    plain = to_vllm(
+        TextPrompt(
+            prompt="<image>", multi_modal_data={"image": _pixels(3)}, multi_modal_uuids={"image": "photo"}
+        )
+    )
+    with pytest.raises(InvalidPromptError, match="which is which cannot be told"):
+        _sent_alone([records[0], plain], lambda prompt, _: copy.deepcopy(prompt))  # a dict of yours beside it
+
+
+def test_a_uuid_row_that_is_an_array_in_a_deep_copy_is_refused_by_name() -> None:
+    # Compared with a record's UUIDs, it raised numpy's ValueError (found by helper-71).
+    two = {"image": [_pixels(4), _pixels(5)]}
+    record = scope_to_replica(
+        TextPrompt(prompt="<image><image>", multi_modal_data=two, multi_modal_uuids={"image": ["a", "b"]}),
+        1,
+        hasher=MediaHasher(MODEL),
+    )
+    rows = {"image": np.array(["c", "d"])}
+    given = [record, {"prompt": "<image><image>", "multi_modal_data": two, "multi_modal_uuids": rows}]
+    with pytest.raises(PromptTypeError) as caught:
+        _sent_alone(given, lambda prompt, _: copy.deepcopy(prompt))
+    assert caught.value.path == "$[1].multi_modal_uuids.image"
+
+
+def test_a_streaming_update_keeps_no_parent_for_companions() -> None:
+    # vllm-omni's add_streaming_update builds no companions: its parent entry held the
+    # request's media until 64 others pushed it out (found by helper-71).
+    engine = _bagel_engine()
+    installed = install_stage0_scoping(engine)
+    try:
+        for n in range(3):
+            engine._build_add_request_message(
+                f"req-{n}", _img2img(None), final_stage_id=1, message_type="streaming_update"
+            )
+        assert installed._parents == {}
+        engine.add_request("req-9", _img2img(None), final_stage_id=1)  # built and used at once
+        assert installed._parents == {}
+    finally:
+        installed.uninstall()

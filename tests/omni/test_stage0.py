@@ -795,3 +795,15 @@ def test_a_scoped_record_is_never_passed_on_in_its_old_scope(
     with pytest.raises(InvalidPromptError, match=re.escape(why)) as caught:
         scope_stage0(tenants, pool=pool, hasher=HASHER)
     assert caught.value.path == ("$[1]" if shape in ("list", "tuple") else "$")
+
+
+def test_a_diffusion_batch_of_any_sequence_comes_back_unscoped() -> None:
+    # Only a plain list or tuple was read: a list subclass kept its record's old scope
+    # (found by a review, helper-71).
+    class Batch(list):  # type: ignore[type-arg]
+        pass
+
+    pool = Stage0Pool(replicas=2, select=lambda _: 0, is_diffusion=True)
+    for batch in (Batch([_scoped_before(None)]), collections.UserList([_scoped_before(_TENANT)])):
+        _, out = scope_stage0(batch, pool=pool, hasher=HASHER)
+        assert [item.scope for item in out] == [None]
