@@ -175,19 +175,23 @@ def test_every_property_is_shown_to_fail() -> None:
 
 
 @pytest.mark.parametrize(
-    ("fn", "broken"),
+    ("fn", "broken", "may_break"),
     [
-        (_scopers.hash_shape_only, {"distinct_media_distinct_keys"}),
-        # Dropping a None moves the items after it: each is then sent under its neighbour's key.
-        (_scopers.drop_none_items, {"none_items_kept", "media_kept"}),
-        (_scopers.stale_media_cache(), {"media_kept"}),
+        (_scopers.hash_shape_only, {"distinct_media_distinct_keys"}, set()),
+        # Dropping a None moves the items after it, each then sent under its neighbour's
+        # key: media_kept fails too where the search draws a None before another item
+        # (15 examples do not always; CI once drew none).
+        (_scopers.drop_none_items, {"none_items_kept"}, {"media_kept"}),
+        (_scopers.stale_media_cache(), {"media_kept"}, set()),
     ],
     ids=lambda value: getattr(value, "__name__", ""),
 )
-def test_a_mistake_breaks_only_what_it_breaks(fn: Callable[..., Any], broken: set[str]) -> None:
+def test_a_mistake_breaks_only_what_it_breaks(
+    fn: Callable[..., Any], broken: set[str], may_break: set[str]
+) -> None:
     with pytest.raises(ScopingPropertyError) as caught:
         check_scoping(fn, to_dict=to_vllm, settings=settings(FIND, max_examples=15))
-    assert set(caught.value.properties) == broken
+    assert broken <= set(caught.value.properties) <= broken | may_break
 
 
 def test_an_exception_from_the_function_is_not_taken_for_a_property() -> None:
