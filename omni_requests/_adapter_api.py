@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._embedding_fields import EmbeddingFields, is_embedding_modality, merge_embedding_fields
-from ._errors import type_name
+from ._errors import PromptTypeError, type_name
 from ._keys import check_index
 from ._media import as_made, is_own_array, is_pil_image, is_torch_tensor, thaw
 from ._records import (
@@ -48,6 +48,7 @@ __all__ = [
     "seal_of",
     "thaw",
     "type_name",
+    "unreadable",
     "unscoped",
     "unsealed",
     "values_equal",
@@ -79,3 +80,14 @@ def derived(prompt: SinglePrompt, key: str, build: Callable[..., _T], *args: Any
     if value is None:
         value = memo[key] = build(prompt, *args)
     return value
+
+
+def unreadable(path: str, error: Exception) -> PromptTypeError:
+    """The error for a caller's container at ``path`` whose own code (``__iter__``,
+    ``__len__``, ``__getitem__``, ``__contains__``, ``get``, ``items``, ``__bool__``) raised
+    ``error`` as an adapter read it."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 - an exception whose own __str__ raises
+        text = "<unprintable>"
+    return PromptTypeError(path, f"cannot read it ({type(error).__name__}: {text})")

@@ -31,6 +31,7 @@ from omni_requests._adapter_api import (
     one_request,
     refuse_engine_scoped,
     type_name,
+    unreadable,
     unscoped,
     unsealed,
 )
@@ -121,16 +122,6 @@ def _is_engine_request(value: object, extra: tuple[type[Any], ...]) -> bool:
     return bool(extra) and isinstance(value, extra)
 
 
-def _unreadable(path: str, error: Exception) -> PromptTypeError:
-    """The error for a caller's container at ``path`` whose own code raised ``error`` as it
-    was read (its ``__iter__``, ``__len__``, ``__contains__``, ``get``, ``items``, ``__bool__``)."""
-    try:
-        text = str(error)
-    except Exception:  # noqa: BLE001 - an exception whose own __str__ raises
-        text = "<unprintable>"
-    return PromptTypeError(path, f"cannot read it ({type(error).__name__}: {text})")
-
-
 def _is_token_list(value: object, path: str) -> bool:
     """Whether ``value`` is a list of token ids; a list whose own code raises as it is read
     is refused at ``path``."""
@@ -141,14 +132,14 @@ def _is_token_list(value: object, path: str) -> bool:
             isinstance(token, int) and not isinstance(token, bool) for token in value
         )
     except Exception as error:  # noqa: BLE001 - whatever a list subclass's own code raises
-        raise _unreadable(path, error) from None
+        raise unreadable(path, error) from None
 
 
 def _token_ids(tokens: list[Any], path: str) -> list[Any]:
     try:
         return list(tokens)
     except Exception as error:  # noqa: BLE001 - whatever a list subclass's own code raises
-        raise _unreadable(path, error) from None
+        raise unreadable(path, error) from None
 
 
 def _batch(prompts: object) -> list[object] | None:
@@ -164,7 +155,7 @@ def _batch(prompts: object) -> list[object] | None:
     try:
         return list(prompts)
     except Exception as error:  # noqa: BLE001 - whatever a sequence's own code raises
-        raise _unreadable("$", error) from None
+        raise unreadable("$", error) from None
 
 
 def _refuse_scoped_uuids(prompt: object, path: str) -> None:
@@ -175,25 +166,25 @@ def _refuse_scoped_uuids(prompt: object, path: str) -> None:
     try:
         pair = "encoder_prompt" in prompt
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable(path, error) from None
+        raise unreadable(path, error) from None
     if pair:
         for part in ("encoder_prompt", "decoder_prompt"):
             try:
                 value = prompt.get(part)
             except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-                raise _unreadable(f"{path}.{part}", error) from None
+                raise unreadable(f"{path}.{part}", error) from None
             _refuse_scoped_uuids(value, f"{path}.{part}")
         return
     try:
         uuids = prompt.get("multi_modal_uuids")
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable(f"{path}.multi_modal_uuids", error) from None
+        raise unreadable(f"{path}.multi_modal_uuids", error) from None
     if not isinstance(uuids, Mapping):
         return
     try:
         rows: Any = uuids.items() if type(uuids) is dict else list(iter(uuids.items()))
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable(f"{path}.multi_modal_uuids", error) from None
+        raise unreadable(f"{path}.multi_modal_uuids", error) from None
     for modality, row in rows:
         where = f"{path}.multi_modal_uuids.{modality}"
         for i, uuid in enumerate(_uuid_row(row, where)):
@@ -235,13 +226,13 @@ def carries_media(prompt: object) -> bool:
     try:
         pair = "encoder_prompt" in prompt
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable("$", error) from None
+        raise unreadable("$", error) from None
     if pair:
         return _part_carries_media(prompt, "encoder_prompt") or _part_carries_media(prompt, "decoder_prompt")
     try:
         data = prompt.get("multi_modal_data")
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable("$.multi_modal_data", error) from None
+        raise unreadable("$.multi_modal_data", error) from None
     if type(data) is dict or data is None:
         return bool(data)  # a plain dict's length: no code of the caller's
     try:
@@ -249,14 +240,14 @@ def carries_media(prompt: object) -> bool:
     except Exception as error:  # noqa: BLE001 - whatever its own __bool__ or __len__ raises
         if isinstance(error, (ValueError, RuntimeError)) and not isinstance(data, Mapping):
             return True  # an array or tensor of several values, not a map: converting it refuses it by name
-        raise _unreadable("$.multi_modal_data", error) from None
+        raise unreadable("$.multi_modal_data", error) from None
 
 
 def _part_carries_media(prompt: Mapping[Any, object], part: str) -> bool:
     try:
         value = prompt.get(part)
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable(f"$.{part}", error) from None
+        raise unreadable(f"$.{part}", error) from None
     try:
         return carries_media(value)
     except OmniRequestsError as error:

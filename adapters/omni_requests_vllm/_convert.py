@@ -36,6 +36,7 @@ from omni_requests._adapter_api import (
     seal_of,
     thaw,
     type_name,
+    unreadable,
 )
 
 if TYPE_CHECKING:
@@ -241,7 +242,7 @@ def from_vllm(prompt: object) -> Prompt:
         try:
             pair = "encoder_prompt" in prompt
         except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-            raise _unreadable("$", error) from None
+            raise unreadable("$", error) from None
         if pair:
             return _pair_from_vllm(prompt)
     return _single_from_vllm(prompt)
@@ -252,30 +253,20 @@ def _pair_from_vllm(prompt: Mapping[str, object]) -> EncoderDecoderPrompt:
     try:
         unknown = sorted(set(prompt) - {"encoder_prompt", "decoder_prompt"})
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable("$", error) from None
+        raise unreadable("$", error) from None
     if unknown:
         raise InvalidPromptError(f"$.{unknown[0]}", "unknown field for an encoder-decoder prompt")
     try:
         encoder_value = prompt["encoder_prompt"]
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable("$.encoder_prompt", error) from None
+        raise unreadable("$.encoder_prompt", error) from None
     try:
         decoder_value = prompt.get("decoder_prompt")
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable("$.decoder_prompt", error) from None
+        raise unreadable("$.decoder_prompt", error) from None
     encoder = _nested(encoder_value, "$.encoder_prompt")
     decoder = None if decoder_value is None else _nested(decoder_value, "$.decoder_prompt")
     return EncoderDecoderPrompt(encoder_prompt=encoder, decoder_prompt=decoder)
-
-
-def _unreadable(path: str, error: Exception) -> PromptTypeError:
-    """The error for a caller's container at ``path`` whose own code raised ``error`` as it
-    was read (its ``__iter__``, ``__getitem__``, ``__contains__``, ``get``, ``items``)."""
-    try:
-        text = str(error)
-    except Exception:  # noqa: BLE001 - an exception whose own __str__ raises
-        text = "<unprintable>"
-    return PromptTypeError(path, f"cannot read it ({type(error).__name__}: {text})")
 
 
 def _with_plain_keys(prompt: Mapping[Any, object]) -> Mapping[str, object]:
@@ -289,7 +280,7 @@ def _with_plain_keys(prompt: Mapping[Any, object]) -> Mapping[str, object]:
         try:
             keys = list(iter(prompt))  # iter(): list() alone would call its __len__ too
         except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-            raise _unreadable("$", error) from None
+            raise unreadable("$", error) from None
     for key in keys:
         if type(key) is not str:
             if not isinstance(key, str):
@@ -300,7 +291,7 @@ def _with_plain_keys(prompt: Mapping[Any, object]) -> Mapping[str, object]:
     try:
         rows = list(iter(prompt.items()))
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable("$", error) from None
+        raise unreadable("$", error) from None
     copied: dict[str, object] = {}
     for key, value in rows:
         text = str.__str__(key)
@@ -354,20 +345,20 @@ def _as_listed(prompt: Mapping[str, object]) -> dict[str, object]:
     try:
         keys = list(iter(prompt))
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable("$", error) from None
+        raise unreadable("$", error) from None
     listed: dict[str, object] = {}
     for key in keys:
         try:
             listed[key] = prompt[key]
         except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-            raise _unreadable(f"$.{key}" if type(key) is str else "$", error) from None
+            raise unreadable(f"$.{key}" if type(key) is str else "$", error) from None
     for name in _FIELDS:
         if name in listed:
             continue
         try:
             hidden = name in prompt
         except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-            raise _unreadable("$", error) from None
+            raise unreadable("$", error) from None
         if hidden:
             raise InvalidPromptError(
                 f"$.{name}",
@@ -395,13 +386,13 @@ def _as_vllm_reads(prompt: Mapping[str, object]) -> dict[str, object]:
     try:
         rows: Any = data.items() if type(data) is dict else list(iter(data.items()))
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable("$.multi_modal_data", error) from None
+        raise unreadable("$.multi_modal_data", error) from None
     if not any(value is None for _, value in rows):
         return fields  # the common case: the maps go on to the record as given
     try:
         uuid_rows = list(iter(uuids.items()))
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise _unreadable("$.multi_modal_uuids", error) from None
+        raise unreadable("$.multi_modal_uuids", error) from None
     given = {m for m, u in uuid_rows if u is not None}
     dropped = {modality for modality, value in rows if value is None and modality in given}
     if dropped:
