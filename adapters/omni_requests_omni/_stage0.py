@@ -135,10 +135,11 @@ def _is_token_list(value: object, path: str) -> bool:
         raise unreadable(path, error) from None
 
 
-def _token_ids(tokens: list[Any], path: str) -> list[Any]:
+def _listed(value: Any, path: str) -> list[Any]:
+    """``list(value)``, what a sequence's own code raises named at ``path``."""
     try:
-        return list(tokens)
-    except Exception as error:  # noqa: BLE001 - whatever a list subclass's own code raises
+        return list(value)
+    except Exception as error:  # noqa: BLE001 - whatever a sequence's own code raises
         raise unreadable(path, error) from None
 
 
@@ -152,10 +153,7 @@ def _batch(prompts: object) -> list[object] | None:
         or _is_token_list(prompts, "$")
     ):
         return None
-    try:
-        return list(prompts)
-    except Exception as error:  # noqa: BLE001 - whatever a sequence's own code raises
-        raise unreadable("$", error) from None
+    return _listed(prompts, "$")
 
 
 def _refuse_scoped_uuids(prompt: object, path: str) -> None:
@@ -321,7 +319,7 @@ class _Request:
             for i, item in enumerate(items):
                 if isinstance(item, _RECORDS_OR_STR):
                     self.records.append(item)
-                elif isinstance(item, list) and _is_token_list(tokens := _token_ids(item, at(i)), at(i)):
+                elif isinstance(item, list) and _is_token_list(tokens := _listed(item, at(i)), at(i)):
                     # Read once, here: this copy goes out (a list's own code runs no more).
                     self.records.append(tokens)
                 elif isinstance(item, Mapping):
