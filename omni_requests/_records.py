@@ -1270,6 +1270,7 @@ class _Prompt(_Derived):
                     )
         view = media_view(data, uuids)
         if uuids:
+            _check_one_item_per_uuid(view)
             _check_uuids_name_their_items(self.multi_modal_uuids, view)
             if self.scope is not None and self.scope.policy.bind_content:
                 check_bindable(view)  # a copy of a bound record (replace_media, evolve) too
@@ -1343,6 +1344,38 @@ def _same_media(modality: str, a: object, b: object) -> bool:
     if a is None or b is None:
         return False
     return _SAME_MEDIA._content_key(modality, a) == _SAME_MEDIA._content_key(modality, b)
+
+
+def _check_one_item_per_uuid(view: tuple[MediaRow, ...]) -> None:
+    """Refuse a UUID that names two different items of one record.
+
+    vLLM takes a UUID as the item's cache key as it is, whatever its modality: two items
+    under one UUID are one entry in its processor and encoder caches, so the second would
+    be served the first's features. The same media under one UUID (the same object, or
+    media vLLM keys alike) and an item asked for from the cache under its sender's UUID
+    are one item, and taken.
+    """
+    named: dict[str, tuple[str, int, object]] = {}
+    for modality, items, given in view:
+        if given is None:
+            continue
+        for i, uuid in enumerate(given):
+            if uuid is None:
+                continue
+            item = None if items is None else items[i]
+            first = named.get(uuid)
+            if first is None or (first[2] is None and item is not None and first[0] == modality):
+                named[uuid] = (modality, i, item)  # compared with the first item it sends
+                continue
+            first_modality, first_index, first_item = first
+            if first_modality == modality and (item is None or _same_media(modality, item, first_item)):
+                continue
+            raise InvalidPromptError(
+                f"$.multi_modal_uuids.{modality}[{i}]",
+                f"UUID {uuid!r} already names multi_modal_data[{first_modality!r}][{first_index}], "
+                "which is other media; a UUID is the engine's cache key for one item, so this item "
+                "would be served that one's features. Give each item its own UUID",
+            )
 
 
 def _check_uuids_name_their_items(uuids: MediaUUIDs, view: tuple[MediaRow, ...]) -> None:

@@ -650,12 +650,16 @@ def _media_fields(draw: st.DrawFn, options: _MediaOptions) -> dict[str, Any]:
     drawn = draw(st.lists(st.sampled_from(options.modalities), min_size=minimum, unique=True))
     data: dict[str, list[Any]] = {}
     uuids: dict[str, list[str | None]] = {}
+    used: set[str] = set()  # one UUID names one item (records refuse one over two)
+    new_uuids = _user_uuids.filter(lambda uuid_: uuid_ not in used)
     for modality in drawn:
         count = draw(st.integers(1, options.max_items))
         items: list[Any] = []
         keys: list[str | None] = []
         for _ in range(count):
-            uuid_ = draw(_user_uuids) if options.user_uuids and draw(st.booleans()) else None
+            uuid_ = draw(new_uuids) if options.user_uuids and draw(st.booleans()) else None
+            if uuid_ is not None:
+                used.add(uuid_)
             cached_only = uuid_ is not None and options.none_items and draw(st.booleans())
             items.append(None if cached_only else draw(_media_items(modality, options.embeddings)))
             keys.append(uuid_)
@@ -668,7 +672,7 @@ def _media_fields(draw: st.DrawFn, options: _MediaOptions) -> dict[str, Any]:
         wanted = draw(st.booleans())
         if unused and wanted:
             cached: list[str | None] = list(
-                draw(st.lists(_user_uuids, min_size=1, max_size=options.max_items))
+                draw(st.lists(new_uuids, min_size=1, max_size=options.max_items, unique=True))
             )
             uuids[draw(st.sampled_from(unused))] = cached
     fields: dict[str, Any] = {}

@@ -990,6 +990,41 @@ def test_evolve_with_new_media_cannot_keep_the_old_items_uuids() -> None:
     assert caught.value.path == "$.multi_modal_uuids.video[0]"
 
 
+def test_one_uuid_may_not_name_two_items_of_one_record() -> None:
+    # vLLM keys both items by the UUID alone (tests/vllm/test_template_reuse.py shows the
+    # second served the first's features), whatever their modalities.
+    audio = (np.linspace(-1, 1, 1_600, dtype=np.float32), 16_000)
+    for data, uuids, where in [
+        ({"video": [video(7), video(8)]}, {"video": ["clip", "clip"]}, "video[1]"),
+        ({"video": [video(7), video(8), video(9)]}, {"video": ["a", None, "a"]}, "video[2]"),
+        ({"video": [None, video(7), video(8)]}, {"video": ["a", "a", "a"]}, "video[2]"),
+        ({"video": video(7), "audio": audio}, {"video": "clip", "audio": "clip"}, "audio[0]"),
+        ({"video": video(7)}, {"video": "clip", "image": ["clip"]}, "image[0]"),  # cached only
+    ]:
+        with pytest.raises(InvalidPromptError, match=r"UUID '(clip|a)' already names") as caught:
+            TextPrompt(prompt="x", multi_modal_data=data, multi_modal_uuids=uuids)
+        assert caught.value.path == f"$.multi_modal_uuids.{where}"
+        with pytest.raises(InvalidPromptError):  # the dict road too
+            from_vllm({"prompt": "x", "multi_modal_data": data, "multi_modal_uuids": uuids})
+    template = TextPrompt(
+        prompt="x", multi_modal_data={"video": [video(7), video(8)]}, multi_modal_uuids={"video": ["a", "b"]}
+    )
+    with pytest.raises(InvalidPromptError, match="'a'") as caught:
+        template.replace_media({"video": [video(7), video(9)]}, {"video": ["a", "a"]})
+    assert caught.value.path == "$.multi_modal_uuids.video[1]"
+
+
+def test_one_uuid_over_the_same_media_twice_or_its_cached_twin_is_one_item() -> None:
+    clip = video(7)
+    for data, uuids in [
+        ({"video": [clip, clip]}, {"video": ["clip", "clip"]}),  # the same object
+        ({"video": [clip, video(7)]}, {"video": ["clip", "clip"]}),  # equal media, another object
+        ({"video": [clip, None]}, {"video": ["clip", "clip"]}),  # asked for from the cache
+    ]:
+        record = TextPrompt(prompt="x", multi_modal_data=data, multi_modal_uuids=uuids)
+        assert to_vllm(record)["multi_modal_uuids"] == {"video": ["clip", "clip"]}
+
+
 def test_a_copied_uuid_map_is_the_callers_own_and_binding_gives_new_media_its_own_key() -> None:
     # docs/guide.md: the check is by the map object; a copy of it is taken as given, and
     # KeyPolicy(bind_content=True) is what keeps such a UUID from naming other media.

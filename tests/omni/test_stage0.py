@@ -621,6 +621,18 @@ def test_dict_results_equal_the_core_scoping_of_the_same_records(
 ) -> None:
     chosen = data.draw(st.integers(0, replicas - 1))
     before = copy.deepcopy(prompts)
+    refusals = []  # one UUID over two different items (the drawn UUIDs repeat)
+    for i, prompt in enumerate(prompts):
+        try:
+            from_vllm(prompt)
+        except InvalidPromptError as refused:
+            refusals.append(f"$[{i}]{refused.path[1:]}")
+    if refusals:
+        with pytest.raises(InvalidPromptError, match="already names") as caught:
+            scope_stage0(prompts, pool=_pool(replicas, lambda _: chosen), hasher=HASHER)
+        assert caught.value.path == refusals[0]
+        assert deep_equal(prompts, before)
+        return
     replica, out = scope_stage0(prompts, pool=_pool(replicas, lambda _: chosen), hasher=HASHER)
     assert deep_equal(prompts, before)
     if not any(p["multi_modal_data"] for p in prompts):

@@ -152,6 +152,35 @@ def assert_same_rendering(expected: Any, got: Any) -> None:
     assert got.get("mm_hashes", {}) == expected.get("mm_hashes", {})
 
 
+def one_uuid_over_other_media(renderer: Any, messages: list[dict[str, Any]]) -> bool:
+    """Whether ``messages`` give one uuid to two items vLLM's own hasher tells apart.
+
+    vLLM keys both by the uuid, so the second is served the first's features; records
+    refuse it (a cached-only item under its sender's uuid is the same item). Decided from
+    vLLM's own parse of the conversation and its ``MultiModalHasher``, not the library's.
+    """
+    from vllm.multimodal.hasher import MultiModalHasher
+    from vllm.renderers.chat_utils.chat_message import parse_chat_messages
+
+    config = renderer.model_config
+    _, data, uuids = parse_chat_messages(copy.deepcopy(messages), config, "string")
+    parsed = renderer.get_mm_processor().info.parse_mm_data(data or {})  # as vLLM's renderer does
+    algorithm = config.multimodal_config.mm_hasher_algorithm
+    named: dict[str, tuple[str, str | None]] = {}
+    for modality, row in (uuids or {}).items():
+        items = parsed[modality].get_all_items_for_hash() if modality in parsed else [None] * len(row)
+        for item, uuid in zip(items, row, strict=True):
+            if uuid is None:
+                continue
+            key = None if item is None else MultiModalHasher.hash_kwargs(algorithm, **{modality: item})
+            first = named.get(str(uuid))
+            if first is None or (first[1] is None and key is not None and first[0] == modality):
+                named[str(uuid)] = (modality, key)
+            elif first[0] != modality or (key is not None and key != first[1]):
+                return True
+    return False
+
+
 def _note(what: str) -> None:
     if currently_in_test_context():  # fixed cases call check_parity too
         event(what)
@@ -176,6 +205,13 @@ def check_parity(renderer: Any, messages: list[dict[str, Any]], replica: int, **
             assert _REFUSAL_PATH.match(path), path
         assert messages == pristine
         return "refused"
+    if one_uuid_over_other_media(renderer, messages):
+        _note("one uuid over two items: vLLM renders, the library refuses")
+        with pytest.raises(OmniRequestsError, match="already names multi_modal_data") as caught:
+            chat_to_prompt(messages, renderer=renderer, **options)
+        assert _REFUSAL_PATH.match(caught.value.path), caught.value.path
+        assert messages == pristine
+        return "refused: one uuid over two items"
     _note("both render")
     _note("media: " + (", ".join(sorted(expected.get("mm_hashes") or {})) or "none"))
     record, got = library_chat(renderer, messages, **options)

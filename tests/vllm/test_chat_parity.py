@@ -45,6 +45,7 @@ from _chat_parity import (
     assert_same_rendering,
     check_parity,
     check_rendering,
+    one_uuid_over_other_media,
     texts,
     uuids,
     vllm_chat,
@@ -424,6 +425,24 @@ def test_a_part_vllm_refuses_is_refused_on_both_paths_naming_it(
     assert seen == []  # refused before the image before it was loaded
 
 
+def test_one_uuid_over_two_images_is_refused_and_over_one_image_twice_taken(renderer: Any) -> None:
+    # vLLM keys both parts by the uuid alone, so it would serve the second image the first's
+    # features; the same image twice under one uuid is one item, keyed as vLLM keys it.
+    def conversation(second: str) -> list[dict[str, Any]]:
+        parts = [
+            {"type": "image_url", "image_url": {"url": url}, "uuid": "u-cat"} for url in (_png_url(2), second)
+        ]
+        return [{"role": "user", "content": [*parts, {"type": "text", "text": "what is this"}]}]
+
+    assert check_parity(renderer, conversation(_png_url(3)), 1, chat_template=TEMPLATE) == (
+        "refused: one uuid over two items"
+    )
+    with pytest.raises(InvalidPromptError, match="'u-cat' already names") as caught:
+        chat_to_prompt(conversation(_png_url(3)), renderer=renderer, chat_template=TEMPLATE)
+    assert caught.value.path == "$.messages[0].content[1]"
+    assert check_parity(renderer, conversation(_png_url(2)), 1, chat_template=TEMPLATE) == "rendered"
+
+
 # -- the stand-in (no renderer) beside vLLM's own chat text -------------------------------
 
 IMAGE_MARK = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -463,6 +482,11 @@ def check_stand_in(renderer: Any, messages: list[dict[str, Any]]) -> str:
             stand_in_chat(renderer, messages)
         assert _STAND_IN_REFUSAL.match(caught.value.path), caught.value.path
         return f"both refuse: {type(refusal).__name__}: {str(refusal)[:40]}"
+    if one_uuid_over_other_media(renderer, messages):
+        with pytest.raises(InvalidPromptError, match="already names multi_modal_data") as caught:
+            stand_in_chat(renderer, messages)
+        assert _STAND_IN_REFUSAL.match(caught.value.path), caught.value.path
+        return "vLLM renders, the stand-in refuses: one uuid over two items"
     record = stand_in_chat(renderer, messages)
     assert record.prompt == expected["prompt"]
     placed = expected.get("mm_placeholders") or {}

@@ -216,3 +216,32 @@ def test_a_written_back_dict_is_refused_as_a_record(qwen2_vl: TinyModel) -> None
     with pytest.raises(InvalidPromptError, match="already scoped") as caught:
         from_vllm({**template, "multi_modal_data": {"video": COPY_VIDEOS[0]}})
     assert caught.value.path == "$.multi_modal_uuids.video[0]"
+
+
+def test_one_uuid_over_two_videos_serves_the_second_the_firsts_features(
+    qwen2_vl: TinyModel, fresh_renderer: Any, own_features: dict[int, dict[str, Any]]
+) -> None:
+    # vLLM takes the dict as given: one cache entry for two videos.
+    first, second = TEMPLATE_VIDEO, COPY_VIDEOS[0]
+    deployment = Deployment(fresh_renderer("qwen2_vl"))
+    shared = {
+        "prompt": qwen2_vl.prompt(video=2),
+        "multi_modal_data": {"video": [first, second]},
+        "multi_modal_uuids": {"video": ["clip", "clip"]},
+    }
+    keys, served = deployment.serve(shared, 0)
+    assert keys == ["clip", "clip"]
+    assert same_features(served[1], own_features[id(first)])
+    assert not same_features(served[1], own_features[id(second)])
+
+    # A record refuses it before anything is built, and the dict is left as it was.
+    with pytest.raises(InvalidPromptError, match="already names multi_modal_data") as caught:
+        from_vllm(shared)
+    assert caught.value.path == "$.multi_modal_uuids.video[1]"
+    assert shared["multi_modal_uuids"] == {"video": ["clip", "clip"]}
+
+    # Each video under its own UUID is served its own features.
+    record = from_vllm({**shared, "multi_modal_uuids": {"video": ["clip-1", "clip-2"]}})
+    keys, served = Deployment(fresh_renderer("qwen2_vl")).serve(to_vllm(record), 0)
+    assert keys == ["clip-1", "clip-2"]
+    assert same_features(served[1], own_features[id(second)])

@@ -95,6 +95,9 @@ DIVERGENCES: dict[str, Divergence] = {
     "non_str_uuid_with_options": Divergence(
         "stricter", "with processor or media-io options vLLM hashes any UUID object; a key must be a str"
     ),
+    "one_uuid_two_items": Divergence(
+        "stricter", "vLLM keys items by their UUID alone: the second item is served the first's features"
+    ),
     "uuid_modality_not_str": Divergence("stricter", "vLLM ignores UUID-only modalities, whatever their name"),
     "token_id_bool_or_float": Divergence(
         "stricter", "vLLM takes True and 2.0 as token ids; a record keeps ints"
@@ -186,6 +189,11 @@ class Case:
         self.uuids[modality] = given = list(given)
         return given
 
+    def fresh_uuid(self, draw: st.DrawFn) -> str:
+        """A UUID no item of the prompt has: records refuse one UUID over two items."""
+        taken = {u for row in self.uuids.values() for u in ([row] if isinstance(row, str) else row)}
+        return draw(_uuid_text.filter(lambda u: u not in taken))
+
     def drop_hash_factors(self) -> None:
         self.prompt.pop("mm_processor_kwargs", None)
         self.prompt.pop("media_io_kwargs", None)
@@ -226,6 +234,8 @@ def cases(
     data: dict[str, Any] = {}
     uuids: dict[str, Any] = {}
     bare: set[str] = set()
+    taken: set[str] = set()  # one UUID names one item (see one_uuid_two_items)
+    fresh = _uuid_text.filter(lambda u: u not in taken)
     for modality, count in counts.items():
         if count == 0:
             if draw(st.booleans()):
@@ -241,9 +251,13 @@ def cases(
             st.sampled_from(["none", "list", "tuple", "bare"] if count == 1 else ["none", "list", "tuple"])
         )
         if form == "bare":
-            uuids[modality] = draw(_uuid_text)
+            uuids[modality] = draw(fresh)
+            taken.add(uuids[modality])
         elif form != "none":
-            given = [draw(st.none() | _uuid_text) for _ in range(count)]
+            given = []
+            for _ in range(count):
+                given.append(draw(st.none() | fresh))
+                taken.add(given[-1])
             uuids[modality] = given if form == "list" else tuple(given)
     text = model.prompt(**counts)
     kind = kind or draw(st.sampled_from(["text", "tokens"]))
@@ -601,10 +615,25 @@ def scoped_uuid(draw: st.DrawFn, case: Case) -> Outcome:
     return _bad_uuid(draw, case, f"stage{stage}:rep{replica}:{draw(_uuid_text)}")
 
 
+@mutation(min_items=2)
+def one_uuid_two_items(draw: st.DrawFn, case: Case) -> Outcome:
+    # Two different items (the media strategies draw fresh random pixels and samples),
+    # of one modality or two, under one UUID: vLLM keys both by it, so the second is
+    # served the first's features (tests/vllm/test_template_reuse.py).
+    places = [(m, i) for m in case.data for i in range(case.counts.get(m, 0))]
+    first, second = sorted(
+        draw(st.lists(st.sampled_from(places), min_size=2, max_size=2, unique=True)), key=places.index
+    )
+    uuid = case.fresh_uuid(draw)
+    for m, i in (first, second):
+        case.uuid_list(m)[i] = uuid
+    return stricter(InvalidPromptError, f"$.multi_modal_uuids.{second[0]}[{second[1]}]")
+
+
 @mutation(min_items=1)
 def none_value_with_uuids(draw: st.DrawFn, case: Case) -> Outcome:
     m = _modality(draw, case)
-    case.uuid_list(m)[:] = [draw(_uuid_text) for _ in range(case.counts[m])]
+    case.uuid_list(m)[:] = [case.fresh_uuid(draw) for _ in range(case.counts[m])]
     case.data[m] = None
     return ACCEPTED  # vLLM drops the modality and its UUIDs (no item, no key); so does from_vllm
 
@@ -754,7 +783,7 @@ def cached_only_item_not_cached(draw: st.DrawFn, case: Case) -> Outcome:
     m = _modality(draw, case)
     i = draw(st.integers(0, case.counts[m] - 1))
     case.items(m)[i] = None
-    case.uuid_list(m)[i] = draw(_uuid_text)
+    case.uuid_list(m)[i] = case.fresh_uuid(draw)
     return OUT_OF_REACH
 
 

@@ -257,6 +257,16 @@ def test_decoding_runs_the_records_checks() -> None:
     assert "already scoped" in caught.value.message
 
 
+def test_a_decoded_prompt_cannot_give_one_uuid_to_two_items() -> None:
+    two = [np.zeros((1, 1, 3), np.uint8), np.ones((1, 1, 3), np.uint8)]
+    record = TextPrompt(prompt="", multi_modal_data={"image": two}, multi_modal_uuids={"image": ["a", "b"]})
+    tree = msgspec.msgpack.decode(encode(record))
+    tree[2][2]["multi_modal_uuids"] = [["image", ["a", "a"]]]
+    with pytest.raises(InvalidPromptError, match="'a' already names") as caught:
+        decode(msgspec.msgpack.encode(tree))
+    assert caught.value.path == "$.multi_modal_uuids.image[1]"
+
+
 def test_another_version_is_refused_by_name() -> None:
     tree = msgspec.msgpack.decode(encode(TextPrompt(prompt="x")))
     tree[1] = WIRE_VERSION + 1
