@@ -902,8 +902,12 @@ def _as_token_ids(path: str, value: object) -> PVector[int]:
         own: PVector[Any] = value  # type: ignore[assignment]
         if all(type(v) is int and 0 <= v <= _MAX_TOKEN_ID for v in own):
             return own  # a record's own (or as good as one)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        # Sequences of ints to Python, but raw bytes to a caller: an encoded text or a
+        # buffer is no list of token ids, whichever of the three holds it.
+        raise PromptTypeError(path, f"must be a list of int, got raw bytes ({type_name(value)})")
     if (
-        isinstance(value, (str, bytes))
+        isinstance(value, str)
         or not isinstance(value, (Sequence, np.ndarray, PVector))
         or (isinstance(value, np.ndarray) and _ndim(value) != 1)
     ):

@@ -725,6 +725,19 @@ def test_token_ids_vllm_would_refuse_are_refused(kwargs: dict[str, object], path
     assert TokensPrompt(prompt_token_ids=[0, (1 << 63) - 1]).prompt_token_ids == pvector([0, (1 << 63) - 1])
 
 
+@pytest.mark.parametrize("holder", [bytes, bytearray, memoryview])
+@pytest.mark.parametrize("field", ["prompt_token_ids", "token_type_ids"])
+def test_raw_bytes_are_no_token_ids(holder: Callable[[bytes], object], field: str) -> None:
+    # Python reads each as a sequence of ints; to a caller they are an encoded text or a
+    # buffer. All three were meant to be refused; bytearray and memoryview were taken.
+    kwargs: dict[str, Any] = {"prompt_token_ids": [1, 2], field: holder(b"\x01\x02")}
+    with pytest.raises(
+        PromptTypeError, match=rf"must be a list of int, got raw bytes \({holder.__name__}\)"
+    ) as caught:
+        TokensPrompt(**kwargs)
+    assert caught.value.path == f"$.{field}"
+
+
 def test_prompt_embeds_are_the_shape_vllm_reads() -> None:
     # (seq_len, hidden_size), or a batch of one that vLLM's renderer squeezes.
     import torch

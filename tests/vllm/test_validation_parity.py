@@ -99,6 +99,9 @@ DIVERGENCES: dict[str, Divergence] = {
         "stricter", "vLLM keys items by their UUID alone: the second item is served the first's features"
     ),
     "uuid_modality_not_str": Divergence("stricter", "vLLM ignores UUID-only modalities, whatever their name"),
+    "token_ids_as_raw_bytes": Divergence(
+        "stricter", "vLLM reads bytes or a bytearray as ints; raw bytes are no token ids"
+    ),
     "token_id_bool_or_float": Divergence(
         "stricter", "vLLM takes True and 2.0 as token ids; a record keeps ints"
     ),
@@ -700,6 +703,21 @@ def non_str_uuid_with_options(draw: st.DrawFn, case: Case) -> Outcome:
 def uuid_modality_not_str(draw: st.DrawFn, case: Case) -> Outcome:
     case.uuids[draw(st.sampled_from([0, 7]))] = ["x"]
     return stricter(PromptTypeError, "$.multi_modal_uuids")
+
+
+@mutation(kind="tokens")
+def token_ids_as_raw_bytes(draw: st.DrawFn, case: Case) -> Outcome:
+    # The tiny vocabularies fit in a byte, so the ids are the same numbers either way.
+    ids = bytes(case.prompt["prompt_token_ids"])
+    case.prompt["prompt_token_ids"] = draw(st.sampled_from([bytes, bytearray]))(ids)
+    return stricter(PromptTypeError, "$.prompt_token_ids")
+
+
+@mutation(kind="tokens", min_items=1)
+def token_ids_as_a_memoryview(draw: st.DrawFn, case: Case) -> Outcome:
+    # With media vLLM's renderer fails on a memoryview; without, it reads it as ints.
+    case.prompt["prompt_token_ids"] = memoryview(bytes(case.prompt["prompt_token_ids"]))
+    return refused(PromptTypeError, "$.prompt_token_ids")
 
 
 @mutation(kind="tokens")
