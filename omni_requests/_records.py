@@ -287,14 +287,19 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
     if modality not in _VISUAL_AUDIO and any(isinstance(item, EmbeddingFields) for item in items):
         raise PromptTypeError(where, "vLLM takes a dict of embedding fields only for image, video and audio")
     check_embedding_items(where, modality, list(items))
+    # One caller object given twice is one frozen item: one copy, one key (``items``
+    # holds each object, so no id is reused meanwhile).
+    made: dict[int, Any] = {id(None): None}
+    try:
+        for i, item in enumerate(items):
+            if id(item) not in made:
+                made[id(item)] = made_in_this_call(_item_key(item), item, freeze_media, item, f"{where}[{i}]")
+    except BaseException:
+        made.clear()  # a refusal's frame keeps no frozen item (and its protection) alive
+        raise
     # A list first: pyrsistent's C pvector() keeps a reference to each element it took
     # from an iterable that then raises, so a refused item leaked the items before it.
-    vector = pvector(
-        [
-            made_in_this_call(_item_key(item), item, freeze_media, item, f"{where}[{i}]")
-            for i, item in enumerate(items)
-        ]
-    )
+    vector = pvector([made[id(item)] for item in items])
     if modality == "image":  # once frozen: what a container holds is checked by then
         _check_no_image_containers(where, items, vector)
     _OWN_VECTORS.put(vector, modality)
@@ -1361,8 +1366,8 @@ def _check_one_item_per_uuid(view: tuple[MediaRow, ...]) -> None:
     """
     named: dict[str, tuple[str, int, object]] = {}
     for modality, items, given in view:
-        if given is None:
-            continue
+        if given is None or items is None:
+            continue  # a modality with UUIDs and no data: vLLM keys nothing under them
         for i, uuid in enumerate(given):
             if uuid is None:
                 continue
@@ -1376,7 +1381,7 @@ def _check_one_item_per_uuid(view: tuple[MediaRow, ...]) -> None:
                 continue
             raise InvalidPromptError(
                 f"$.multi_modal_uuids.{modality}[{i}]",
-                f"UUID {uuid!r} already names multi_modal_data[{first_modality!r}][{first_index}], "
+                f"UUID {uuid!r} also names multi_modal_data[{first_modality!r}][{first_index}], "
                 "which is other media; a UUID is the engine's cache key for one item, so this item "
                 "would be served that one's features. Give each item its own UUID",
             )

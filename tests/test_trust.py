@@ -998,10 +998,16 @@ def test_one_uuid_may_not_name_two_items_of_one_record() -> None:
         ({"video": [video(7), video(8)]}, {"video": ["clip", "clip"]}, "video[1]"),
         ({"video": [video(7), video(8), video(9)]}, {"video": ["a", None, "a"]}, "video[2]"),
         ({"video": [None, video(7), video(8)]}, {"video": ["a", "a", "a"]}, "video[2]"),
+        ({"video": [video(7), list(video(7))]}, {"video": ["a", "a"]}, "video[1]"),  # another form
+        ({"audio": [audio, (audio[0], 16_000.0)]}, {"audio": ["a", "a"]}, "audio[1]"),
         ({"video": video(7), "audio": audio}, {"video": "clip", "audio": "clip"}, "audio[0]"),
-        ({"video": video(7)}, {"video": "clip", "image": ["clip"]}, "image[0]"),  # cached only
+        (
+            {"video": video(7), "image": [None]},
+            {"video": "clip", "image": ["clip"]},
+            "image[0]",
+        ),  # cached only
     ]:
-        with pytest.raises(InvalidPromptError, match=r"UUID '(clip|a)' already names") as caught:
+        with pytest.raises(InvalidPromptError, match=r"UUID '(clip|a)' also names") as caught:
             TextPrompt(prompt="x", multi_modal_data=data, multi_modal_uuids=uuids)
         assert caught.value.path == f"$.multi_modal_uuids.{where}"
         with pytest.raises(InvalidPromptError):  # the dict road too
@@ -1020,9 +1026,16 @@ def test_one_uuid_over_the_same_media_twice_or_its_cached_twin_is_one_item() -> 
         ({"video": [clip, clip]}, {"video": ["clip", "clip"]}),  # the same object
         ({"video": [clip, video(7)]}, {"video": ["clip", "clip"]}),  # equal media, another object
         ({"video": [clip, None]}, {"video": ["clip", "clip"]}),  # asked for from the cache
+        ({"video": [clip]}, {"video": ["clip"], "image": ["clip"]}),  # no image data: vLLM keys none
     ]:
         record = TextPrompt(prompt="x", multi_modal_data=data, multi_modal_uuids=uuids)
-        assert to_vllm(record)["multi_modal_uuids"] == {"video": ["clip", "clip"]}
+        assert to_vllm(record)["multi_modal_uuids"]["video"][0] == "clip"
+    # The same object twice is one frozen item: one copy, so one key, compared by identity.
+    twice = TextPrompt(
+        prompt="x", multi_modal_data={"video": [clip, clip]}, multi_modal_uuids={"video": ["c", "c"]}
+    )
+    first, second = twice.multi_modal_data["video"]
+    assert first is second and first is not clip
 
 
 def test_a_copied_uuid_map_is_the_callers_own_and_binding_gives_new_media_its_own_key() -> None:

@@ -157,7 +157,8 @@ def _batch(prompts: object) -> list[object] | None:
 
 
 def _refuse_scoped_uuids(prompt: object, path: str) -> None:
-    """Refuses a dict's UUID that is already scoped to a replica, as a record would."""
+    """Refuses a dict's UUID that is already scoped to a replica, as a record would, and
+    one UUID given to two items that are other media."""
     if not isinstance(prompt, Mapping):
         return  # records refuse such UUIDs when they are built
     # Each read of the caller's mapping is named where its own code raises.
@@ -183,11 +184,24 @@ def _refuse_scoped_uuids(prompt: object, path: str) -> None:
         rows: Any = uuids.items() if type(uuids) is dict else list(iter(uuids.items()))
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
         raise unreadable(f"{path}.multi_modal_uuids", error) from None
+    seen: set[str] = set()
+    repeated = False
     for modality, row in rows:
         where = f"{path}.multi_modal_uuids.{modality}"
         for i, uuid in enumerate(_uuid_row(row, where)):
             if isinstance(uuid, str):
-                refuse_engine_scoped(f"{where}[{i}]", str.__str__(uuid))
+                text = str.__str__(uuid)
+                refuse_engine_scoped(f"{where}[{i}]", text)
+                repeated = repeated or text in seen
+                seen.add(text)
+    if repeated:
+        # Whether the items under it are one item is the record's rule (vLLM would key
+        # two under it alike): such a dict is read as a record, and refused as one.
+        try:
+            with unsealed():
+                from_vllm(prompt)
+        except OmniRequestsError as error:
+            raise error.under(path) from None
 
 
 def _uuid_row(row: object, where: str) -> list[object]:

@@ -628,7 +628,7 @@ def test_dict_results_equal_the_core_scoping_of_the_same_records(
         except InvalidPromptError as refused:
             refusals.append(f"$[{i}]{refused.path[1:]}")
     if refusals:
-        with pytest.raises(InvalidPromptError, match="already names") as caught:
+        with pytest.raises(InvalidPromptError, match="also names") as caught:
             scope_stage0(prompts, pool=_pool(replicas, lambda _: chosen), hasher=HASHER)
         assert caught.value.path == refusals[0]
         assert deep_equal(prompts, before)
@@ -644,6 +644,29 @@ def test_dict_results_equal_the_core_scoping_of_the_same_records(
         assert deep_equal(scoped, expected)
         for key in _all_keys(scoped):
             assert key.count("stage0:") == 1 and key.startswith(f"stage0:rep{chosen}:")
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [_pool(1), _pool(2, lambda _: None), _pool(())],
+    ids=["one_replica", "none_selected", "no_replica"],
+)
+def test_a_dict_passed_through_unscoped_may_not_give_one_uuid_to_two_items(pool: Stage0Pool) -> None:
+    # Nothing is scoped on these roads, so the dict reaches vLLM as it is: one UUID over
+    # two images would be one cache entry there, the second served the first's features.
+    image = image_array(1)
+    shared = {
+        "prompt": "<image><image>",
+        "multi_modal_data": {"image": [image, image_array(2)]},
+        "multi_modal_uuids": {"image": ["u", "u"]},
+    }
+    before = copy.deepcopy(shared)
+    with pytest.raises(InvalidPromptError, match="UUID 'u' also names") as caught:
+        scope_stage0([{"prompt": "x"}, shared], pool=pool, hasher=HASHER)
+    assert caught.value.path == "$[1].multi_modal_uuids.image[1]"
+    assert deep_equal(shared, before)
+    same = {**shared, "multi_modal_data": {"image": [image, image]}}  # one image twice: one item
+    assert scope_stage0(same, pool=pool, hasher=HASHER)[1] is same
 
 
 # -- the core's property checks, pointed at scope_stage0 -------------------------------------

@@ -437,7 +437,7 @@ def test_one_uuid_over_two_images_is_refused_and_over_one_image_twice_taken(rend
     assert check_parity(renderer, conversation(_png_url(3)), 1, chat_template=TEMPLATE) == (
         "refused: one uuid over two items"
     )
-    with pytest.raises(InvalidPromptError, match="'u-cat' already names") as caught:
+    with pytest.raises(InvalidPromptError, match="'u-cat' also names") as caught:
         chat_to_prompt(conversation(_png_url(3)), renderer=renderer, chat_template=TEMPLATE)
     assert caught.value.path == "$.messages[0].content[1]"
     assert check_parity(renderer, conversation(_png_url(2)), 1, chat_template=TEMPLATE) == "rendered"
@@ -483,7 +483,7 @@ def check_stand_in(renderer: Any, messages: list[dict[str, Any]]) -> str:
         assert _STAND_IN_REFUSAL.match(caught.value.path), caught.value.path
         return f"both refuse: {type(refusal).__name__}: {str(refusal)[:40]}"
     if one_uuid_over_other_media(renderer, messages):
-        with pytest.raises(InvalidPromptError, match="already names multi_modal_data") as caught:
+        with pytest.raises(InvalidPromptError, match="also names multi_modal_data") as caught:
             stand_in_chat(renderer, messages)
         assert _STAND_IN_REFUSAL.match(caught.value.path), caught.value.path
         return "vLLM renders, the stand-in refuses: one uuid over two items"

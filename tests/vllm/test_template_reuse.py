@@ -235,10 +235,27 @@ def test_one_uuid_over_two_videos_serves_the_second_the_firsts_features(
     assert not same_features(served[1], own_features[id(second)])
 
     # A record refuses it before anything is built, and the dict is left as it was.
-    with pytest.raises(InvalidPromptError, match="already names multi_modal_data") as caught:
+    with pytest.raises(InvalidPromptError, match="also names multi_modal_data") as caught:
         from_vllm(shared)
     assert caught.value.path == "$.multi_modal_uuids.video[1]"
     assert shared["multi_modal_uuids"] == {"video": ["clip", "clip"]}
+
+    # A cached-only item under its sender's UUID is taken, as vLLM takes it: from its
+    # cache, which it reads before this prompt's items go in (so not on a first request).
+    twin = from_vllm({**shared, "multi_modal_data": {"video": [first, None]}})
+    fresh = Deployment(fresh_renderer("qwen2_vl"))
+    with pytest.raises(ValueError, match="Cache miss for video at index 1"):
+        fresh.serve(to_vllm(twin), 0)
+    fresh.serve(
+        {
+            "prompt": qwen2_vl.prompt(video=1),
+            "multi_modal_data": {"video": first},
+            "multi_modal_uuids": {"video": "clip"},
+        },
+        0,
+    )
+    keys, served = fresh.serve(to_vllm(twin), 0)
+    assert keys == ["clip", "clip"] and same_features(served[1], own_features[id(first)])
 
     # Each video under its own UUID is served its own features.
     record = from_vllm({**shared, "multi_modal_uuids": {"video": ["clip-1", "clip-2"]}})

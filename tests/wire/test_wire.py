@@ -262,7 +262,7 @@ def test_a_decoded_prompt_cannot_give_one_uuid_to_two_items() -> None:
     record = TextPrompt(prompt="", multi_modal_data={"image": two}, multi_modal_uuids={"image": ["a", "b"]})
     tree = msgspec.msgpack.decode(encode(record))
     tree[2][2]["multi_modal_uuids"] = [["image", ["a", "a"]]]
-    with pytest.raises(InvalidPromptError, match="'a' already names") as caught:
+    with pytest.raises(InvalidPromptError, match="'a' also names") as caught:
         decode(msgspec.msgpack.encode(tree))
     assert caught.value.path == "$.multi_modal_uuids.image[1]"
 
