@@ -458,6 +458,9 @@ def scope_stage0(
     thread) or after it, before the engine has read it, it goes out under the key of
     what it held when routing read it (``docs/security.md``).
 
+    ``request_id`` (a str, or None) is what ``pool.select`` is told the request is
+    (:attr:`RouteRequest.request_id`); anything else is refused by name.
+
     >>> import numpy as np
     >>> from omni_requests import MediaHasher
     >>> pool = Stage0Pool(replicas=2, select=lambda request: 1)
@@ -473,6 +476,9 @@ def scope_stage0(
         raise PromptTypeError("hasher", f"must be a MediaHasher, got {type_name(hasher)}")
     if not isinstance(as_dicts, bool):
         raise PromptTypeError("as_dicts", f"must be a bool, got {type_name(as_dicts)}")
+    if request_id is not None and not isinstance(request_id, str):
+        # What a policy is told the request is (RouteRequest.request_id, a str or None).
+        raise PromptTypeError("request_id", f"must be a str or None, got {type_name(request_id)}")
     if pool.is_diffusion:
         # No processor cache: no key to keep apart, no policy to keep; the prompts are
         # read no further than a record or a batch of them.

@@ -315,6 +315,17 @@ def test_as_dicts_must_be_a_bool(flag: object) -> None:
     assert caught.value.path == "as_dicts"
 
 
+@pytest.mark.parametrize("request_id", [5, b"r1", ["r1"]])
+def test_request_id_must_be_a_str_or_none(request_id: object) -> None:
+    # A policy is told it as RouteRequest.request_id; it was passed on whatever it was.
+    prompt = {"prompt": "<image>", "multi_modal_data": {"image": np.zeros((2, 2, 3), np.uint8)}}
+    pool = Stage0Pool(replicas=2, select=lambda _: 1)
+    with pytest.raises(PromptTypeError, match=r"^request_id: must be a str or None") as caught:
+        scope_stage0(prompt, pool=pool, hasher=PLAIN, request_id=request_id)  # type: ignore[arg-type]
+    assert caught.value.path == "request_id"
+    assert scope_stage0(prompt, pool=pool, hasher=PLAIN, request_id="r1").replica_id == 1
+
+
 class _DistributedPool(_Pool):
     """A distributed stage-0 pool as vllm-omni 0.30's StagePool shows itself: its
     ``preselect_replica_id`` asks the attached balancer over the serviceable replicas
