@@ -725,7 +725,8 @@ def text_prompts(
     """:class:`~omni_requests.TextPrompt` records.
 
     ``media``: True always gives media, False never, None (default) either. With
-    ``user_uuids`` some items carry a UUID; with ``none_items`` some of those are ``None``
+    ``user_uuids`` some items carry a UUID, each its own within the prompt (records
+    refuse one UUID over two items of other media); with ``none_items`` some of those are ``None``
     (cached only) and a modality may be named in the UUIDs alone. ``omni_fields`` adds
     vllm-omni's ``negative_prompt`` and ``additional_information`` now and then.
     ``text`` replaces the strategy for the prompt text (to place an ``<image>`` token, say).
