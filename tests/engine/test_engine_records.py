@@ -22,7 +22,14 @@ if _cpu_stack.engine_version() is None:
         allow_module_level=True,
     )
 
-from omni_requests import KeyPolicy, MediaHasher, TextPrompt, rendered_uuids, scope_to_replica
+from omni_requests import (
+    InvalidPromptError,
+    KeyPolicy,
+    MediaHasher,
+    TextPrompt,
+    rendered_uuids,
+    scope_to_replica,
+)
 from omni_requests_omni import CacheAffinity
 from omni_requests_vllm import to_vllm
 from tests.engine._frontend import Frontend, cache_keys, output_of
@@ -186,3 +193,29 @@ def test_protected_arrays_reach_the_model_read_and_never_written(
         for _ in range(2):  # sent twice: the second request reads the same protected pages
             (out,) = llm.generate(to_vllm(record), greedy, use_tqdm=False)
             assert output_of(out) == answer
+
+
+def test_one_uuid_over_two_images_answers_as_if_the_first_were_sent_twice_records_refuse(
+    new_llm: Any, reference: Any, greedy: Any
+) -> None:
+    first, second = image(0), image(1)
+    two = prompt_text(image=2)
+    right, first_twice = reference(two, {"image": [first, second]}), reference(two, {"image": [first, first]})
+    assert right != first_twice, "the model must tell the second image apart"
+
+    # vLLM keys both items by the UUID alone: the second is served the first's features.
+    shared = {
+        "prompt": two,
+        "multi_modal_data": {"image": [first, second]},
+        "multi_modal_uuids": {"image": ["u", "u"]},
+    }
+    (out,) = new_llm().generate(shared, greedy, use_tqdm=False)
+    assert output_of(out) == first_twice
+
+    with pytest.raises(InvalidPromptError, match="UUID 'u' also names") as caught:
+        TextPrompt(
+            prompt=two,
+            multi_modal_data=shared["multi_modal_data"],
+            multi_modal_uuids=shared["multi_modal_uuids"],
+        )
+    assert caught.value.path == "$.multi_modal_uuids.image[1]"
