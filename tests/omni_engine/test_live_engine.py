@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 import pytest
 
-from omni_requests import KeyPolicy, MediaHasher, TextPrompt, scope_to_replica
+from omni_requests import InvalidPromptError, KeyPolicy, MediaHasher, TextPrompt, scope_to_replica
 from omni_requests_omni import (
     CacheAffinity,
     RouteRequest,
@@ -261,3 +261,29 @@ def test_tenants_sharing_a_uuid_get_their_own_features(
         [f"stage0:rep{home}:tenant:acme:photo"],
         [f"stage0:rep{home}:tenant:globex:photo"],
     ]
+
+
+def test_one_uuid_over_two_videos_upstream_answers_the_first_twice_ours_refuses(
+    omni: Any, install: Callable[..., Stage0Scoping], generate: Callable[[Any], Answer]
+) -> None:
+    two, first, second = prompt(videos=2), video(5), video(6)
+    right = generate({"prompt": two, "multi_modal_data": {"video": [first, second]}})
+    first_twice = generate({"prompt": two, "multi_modal_data": {"video": [first, first]}})
+    assert right != first_twice, "the model must tell the second video apart"
+
+    def shared() -> dict[str, Any]:  # a new dict each time: vllm-omni 0.30 writes its keys into it
+        return {
+            "prompt": two,
+            "multi_modal_data": {"video": [first, second]},
+            "multi_modal_uuids": {"video": ["clip-2", "clip-2"]},
+        }
+
+    # vllm-omni scopes both to one key: the second video is served the first's features.
+    assert generate(shared()) == first_twice
+
+    install()
+    params = omni.resolve_sampling_params_list(None)
+    with pytest.raises(InvalidPromptError, match="UUID 'clip-2' also names") as caught:
+        omni.engine.add_request(request_id="one-uuid", prompt=shared(), sampling_params_list=params)
+    assert caught.value.path == "$.multi_modal_uuids.video[1]"
+    assert omni.engine.stage_pools[0].get_bound_replica_id("one-uuid") is None
