@@ -1361,8 +1361,9 @@ def _check_one_item_per_uuid(view: tuple[MediaRow, ...]) -> None:
     vLLM takes a UUID as the item's cache key as it is, whatever its modality: two items
     under one UUID are one entry in its processor and encoder caches, so the second would
     be served the first's features. The same media under one UUID (the same object, or
-    media vLLM keys alike) and an item asked for from the cache under its sender's UUID
-    are one item, and taken.
+    equal items in the same form, compared by content key) and an item asked for from
+    the cache under the UUID of an item of its modality that the record sends are one
+    item, and taken.
     """
     named: dict[str, tuple[str, int, object]] = {}
     for modality, items, given in view:
@@ -1371,7 +1372,7 @@ def _check_one_item_per_uuid(view: tuple[MediaRow, ...]) -> None:
         for i, uuid in enumerate(given):
             if uuid is None:
                 continue
-            item = None if items is None else items[i]
+            item = items[i]
             first = named.get(uuid)
             if first is None or (first[2] is None and item is not None and first[0] == modality):
                 named[uuid] = (modality, i, item)  # compared with the first item it sends
