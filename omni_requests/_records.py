@@ -8,6 +8,7 @@ raises before a record exists, and ``attrs.evolve`` runs the same checks.
 
 from __future__ import annotations
 
+import array
 import math
 import operator
 import sys
@@ -301,7 +302,12 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
     # from an iterable that then raises, so a refused item leaked the items before it.
     vector = pvector([made[id(item)] for item in items])
     if modality == "image":  # once frozen: what a container holds is checked by then
-        _check_no_image_containers(where, items, vector)
+        try:
+            _check_no_image_containers(where, items, vector)
+        except BaseException:
+            made.clear()
+            del vector
+            raise
     _OWN_VECTORS.put(vector, modality)
     return vector
 
@@ -907,9 +913,11 @@ def _as_token_ids(path: str, value: object) -> PVector[int]:
         own: PVector[Any] = value  # type: ignore[assignment]
         if all(type(v) is int and 0 <= v <= _MAX_TOKEN_ID for v in own):
             return own  # a record's own (or as good as one)
-    if isinstance(value, (bytes, bytearray, memoryview)):
+    if isinstance(value, (bytes, bytearray, memoryview)) or (
+        isinstance(value, array.array) and value.typecode in "bB"
+    ):
         # Sequences of ints to Python, but raw bytes to a caller: an encoded text or a
-        # buffer is no list of token ids, whichever of the three holds it.
+        # buffer is no list of token ids, whichever of these holds it.
         raise PromptTypeError(path, f"must be a list of int, got raw bytes ({type_name(value)})")
     if (
         isinstance(value, str)
@@ -1355,8 +1363,11 @@ def _same_media(modality: str, a: object, b: object) -> bool:
     return _SAME_MEDIA._content_key(modality, a) == _SAME_MEDIA._content_key(modality, b)
 
 
-def _check_one_item_per_uuid(view: tuple[MediaRow, ...]) -> None:
-    """Refuse a UUID that names two different items of one record.
+def _check_one_item_per_uuid(
+    view: tuple[MediaRow, ...], named: dict[str, tuple[str, str, object]] | None = None, part: str = ""
+) -> dict[str, tuple[str, str, object]]:
+    """Refuse a UUID that names two different items of one record (or pair: ``named``
+    from its encoder part, ``part`` the path of the part checked); returns ``named``.
 
     vLLM takes a UUID as the item's cache key as it is, whatever its modality: two items
     under one UUID are one entry in its processor and encoder caches, so the second would
@@ -1365,7 +1376,7 @@ def _check_one_item_per_uuid(view: tuple[MediaRow, ...]) -> None:
     the cache under the UUID of an item of its modality that the record sends are one
     item, and taken.
     """
-    named: dict[str, tuple[str, int, object]] = {}
+    named = {} if named is None else named
     for modality, items, given in view:
         if given is None or items is None:
             continue  # a modality with UUIDs and no data: vLLM keys nothing under them
@@ -1375,17 +1386,19 @@ def _check_one_item_per_uuid(view: tuple[MediaRow, ...]) -> None:
             item = items[i]
             first = named.get(uuid)
             if first is None or (first[2] is None and item is not None and first[0] == modality):
-                named[uuid] = (modality, i, item)  # compared with the first item it sends
+                # compared with the first item it sends
+                named[uuid] = (modality, f"{part}multi_modal_data[{modality!r}][{i}]", item)
                 continue
-            first_modality, first_index, first_item = first
+            first_modality, first_place, first_item = first
             if first_modality == modality and (item is None or _same_media(modality, item, first_item)):
                 continue
             raise InvalidPromptError(
-                f"$.multi_modal_uuids.{modality}[{i}]",
-                f"UUID {uuid!r} also names multi_modal_data[{first_modality!r}][{first_index}], "
+                f"$.{part}multi_modal_uuids.{modality}[{i}]",
+                f"UUID {uuid!r} also names {first_place}, "
                 "which is other media; a UUID is the engine's cache key for one item, so this item "
                 "would be served that one's features. Give each item its own UUID",
             )
+    return named
 
 
 def _check_uuids_name_their_items(uuids: MediaUUIDs, view: tuple[MediaRow, ...]) -> None:
@@ -1525,6 +1538,14 @@ class EncoderDecoderPrompt:
 
     def __attrs_pre_init__(self) -> None:
         refuse_second_init(self, "encoder_prompt")
+
+    def __attrs_post_init__(self) -> None:
+        # Both parts go through one processor cache (vLLM renders the encoder's first):
+        # a UUID in both names one item there.
+        decoder = self.decoder_prompt
+        if decoder is not None and self.encoder_prompt._view and decoder._view:
+            named = _check_one_item_per_uuid(self.encoder_prompt._view, part="encoder_prompt.")
+            _check_one_item_per_uuid(decoder._view, named, part="decoder_prompt.")
 
 
 def check_one_scope(pair: EncoderDecoderPrompt) -> None:

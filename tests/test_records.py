@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
 import dataclasses
 import io
@@ -725,14 +726,19 @@ def test_token_ids_vllm_would_refuse_are_refused(kwargs: dict[str, object], path
     assert TokensPrompt(prompt_token_ids=[0, (1 << 63) - 1]).prompt_token_ids == pvector([0, (1 << 63) - 1])
 
 
-@pytest.mark.parametrize("holder", [bytes, bytearray, memoryview])
+@pytest.mark.parametrize(
+    "holder",
+    [bytes, bytearray, memoryview, lambda b: array.array("B", b), lambda b: array.array("b", b)],
+    ids=["bytes", "bytearray", "memoryview", "array_B", "array_b"],
+)
 @pytest.mark.parametrize("field", ["prompt_token_ids", "token_type_ids"])
 def test_raw_bytes_are_no_token_ids(holder: Callable[[bytes], object], field: str) -> None:
     # Python reads each as a sequence of ints; to a caller they are an encoded text or a
-    # buffer. All three were meant to be refused; bytearray and memoryview were taken.
+    # buffer. All were meant to be refused; all but bytes were taken.
     kwargs: dict[str, Any] = {"prompt_token_ids": [1, 2], field: holder(b"\x01\x02")}
+    name = {bytes: "bytes", bytearray: "bytearray", memoryview: "memoryview"}.get(holder, "array.array")  # type: ignore[call-overload]
     with pytest.raises(
-        PromptTypeError, match=rf"must be a list of int, got raw bytes \({holder.__name__}\)"
+        PromptTypeError, match=rf"must be a list of int, got raw bytes \({re.escape(name)}\)"
     ) as caught:
         TokensPrompt(**kwargs)
     assert caught.value.path == f"$.{field}"

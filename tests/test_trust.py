@@ -1020,6 +1020,23 @@ def test_one_uuid_may_not_name_two_items_of_one_record() -> None:
     assert caught.value.path == "$.multi_modal_uuids.video[1]"
 
 
+def test_one_uuid_may_not_name_an_item_in_each_part_of_a_pair() -> None:
+    # Both parts go through vLLM's one processor cache, the encoder's first.
+    def part(clip: np.ndarray) -> TextPrompt:
+        return TextPrompt(prompt="x", multi_modal_data={"video": clip}, multi_modal_uuids={"video": "clip"})
+
+    with pytest.raises(
+        InvalidPromptError, match=r"also names encoder_prompt\.multi_modal_data\['video'\]\[0\]"
+    ) as caught:
+        EncoderDecoderPrompt(encoder_prompt=part(video(7)), decoder_prompt=part(video(8)))
+    assert caught.value.path == "$.decoder_prompt.multi_modal_uuids.video[0]"
+    with pytest.raises(InvalidPromptError) as caught:
+        from_vllm({"encoder_prompt": to_vllm(part(video(7))), "decoder_prompt": to_vllm(part(video(8)))})
+    assert caught.value.path == "$.decoder_prompt.multi_modal_uuids.video[0]"
+    same = EncoderDecoderPrompt(encoder_prompt=part(video(7)), decoder_prompt=part(video(7)))
+    assert scope_to_replica(same, 1, hasher=HASHER).decoder_prompt is not None
+
+
 def test_one_uuid_over_the_same_media_twice_or_its_cached_twin_is_one_item() -> None:
     clip = video(7)
     for data, uuids in [
@@ -1560,9 +1577,11 @@ def test_policies_cannot_be_slipped_past_by_a_subclass_or_a_pair() -> None:
     acme = scope_to_replica(record, 0, hasher=HASHER, policy=KeyPolicy(tenant="acme"))  # type: ignore[type-var]
     with pytest.raises(PromptTypeError):
         scope_to_replica(acme, 1, hasher=HASHER, policy=_Agreeable())
-    pair = EncoderDecoderPrompt(encoder_prompt=acme, decoder_prompt=from_vllm(_tenant_image(5)))  # type: ignore[arg-type]
+    # (The decoder's image has its own UUID: one UUID over both parts' images is refused.)
+    decoder = from_vllm({**_tenant_image(5), "multi_modal_uuids": {"image": "dog"}})
+    pair = EncoderDecoderPrompt(encoder_prompt=acme, decoder_prompt=decoder)  # type: ignore[arg-type]
     scoped = scope_to_replica(pair, 1, hasher=HASHER)
-    assert rendered_uuids(scoped.decoder_prompt) == {"image": ["stage0:rep1:tenant:acme:cat"]}  # type: ignore[arg-type]
+    assert rendered_uuids(scoped.decoder_prompt) == {"image": ["stage0:rep1:tenant:acme:dog"]}  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -159,49 +159,60 @@ def _batch(prompts: object) -> list[object] | None:
 def _refuse_scoped_uuids(prompt: object, path: str) -> None:
     """Refuses a dict's UUID that is already scoped to a replica, as a record would, and
     one UUID given to two items that are other media."""
+    if _uuids_to_read(prompt, path, set()):
+        # Whether the items under a repeated UUID are one item is the record's rule (vLLM
+        # would key them alike), and a UUID that is no str vLLM keys as it is: such a
+        # dict is read as a record, and refused as one.
+        try:
+            with unsealed():
+                from_vllm(prompt)
+        except OmniRequestsError as error:
+            raise error.under(path) from None
+
+
+def _uuids_to_read(prompt: object, path: str, seen: set[str]) -> bool:
+    """Refuses a dict's engine-scoped UUID; True where a UUID repeats one in ``seen``
+    (which gathers a pair's two parts) or is not a str."""
     if not isinstance(prompt, Mapping):
-        return  # records refuse such UUIDs when they are built
+        return False  # records refuse such UUIDs when they are built
     # Each read of the caller's mapping is named where its own code raises.
     try:
         pair = "encoder_prompt" in prompt
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
         raise unreadable(path, error) from None
     if pair:
+        to_read = False
         for part in ("encoder_prompt", "decoder_prompt"):
             try:
                 value = prompt.get(part)
             except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
                 raise unreadable(f"{path}.{part}", error) from None
-            _refuse_scoped_uuids(value, f"{path}.{part}")
-        return
+            to_read = _uuids_to_read(value, f"{path}.{part}", seen) or to_read
+        return to_read
     try:
         uuids = prompt.get("multi_modal_uuids")
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
         raise unreadable(f"{path}.multi_modal_uuids", error) from None
     if not isinstance(uuids, Mapping):
-        return
+        return False
     try:
         rows: Any = uuids.items() if type(uuids) is dict else list(iter(uuids.items()))
     except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
         raise unreadable(f"{path}.multi_modal_uuids", error) from None
-    seen: set[str] = set()
-    repeated = False
+    to_read = False
     for modality, row in rows:
         where = f"{path}.multi_modal_uuids.{modality}"
+        if isinstance(row, (bytes, bytearray, memoryview)):
+            to_read = True  # vLLM indexes it: its ints are the UUIDs
         for i, uuid in enumerate(_uuid_row(row, where)):
             if isinstance(uuid, str):
                 text = str.__str__(uuid)
                 refuse_engine_scoped(f"{where}[{i}]", text)
-                repeated = repeated or text in seen
+                to_read = to_read or text in seen
                 seen.add(text)
-    if repeated:
-        # Whether the items under it are one item is the record's rule (vLLM would key
-        # two under it alike): such a dict is read as a record, and refused as one.
-        try:
-            with unsealed():
-                from_vllm(prompt)
-        except OmniRequestsError as error:
-            raise error.under(path) from None
+            elif uuid is not None:
+                to_read = True
+    return to_read
 
 
 def _uuid_row(row: object, where: str) -> list[object]:
@@ -213,7 +224,7 @@ def _uuid_row(row: object, where: str) -> list[object]:
     if isinstance(row, np.ndarray):
         return list(row.ravel().tolist())
     if row is None or isinstance(row, (bytes, bytearray, memoryview)):
-        return []  # no UUIDs vLLM can read (it fails on such a row itself)
+        return []  # no str UUIDs (vLLM indexes raw bytes into ints: the caller checks)
     if not isinstance(row, Sequence):
         raise PromptTypeError(where, f"must be a str or a list of str or None, got {type_name(row)}")
     try:

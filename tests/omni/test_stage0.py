@@ -668,6 +668,28 @@ def test_a_dict_passed_through_unscoped_may_not_give_one_uuid_to_two_items(pool:
     same = {**shared, "multi_modal_data": {"image": [image, image]}}  # one image twice: one item
     assert scope_stage0(same, pool=pool, hasher=HASHER)[1] is same
 
+    # UUIDs that are no str vLLM keys as they are ([7, 7]; raw bytes, indexed into ints);
+    # a UUID in both parts of a pair names one entry of the one processor cache.
+    for row in ([7, 7], b"aa", bytearray(b"aa")):
+        with pytest.raises(PromptTypeError) as caught:
+            scope_stage0({**shared, "multi_modal_uuids": {"image": row}}, pool=pool, hasher=HASHER)
+        assert caught.value.path.startswith("$.multi_modal_uuids.image"), row
+    pair = {
+        "encoder_prompt": {
+            "prompt": "<image>",
+            "multi_modal_data": {"image": image},
+            "multi_modal_uuids": {"image": "u"},
+        },
+        "decoder_prompt": {
+            "prompt": "<image>",
+            "multi_modal_data": {"image": image_array(2)},
+            "multi_modal_uuids": {"image": "u"},
+        },
+    }
+    with pytest.raises(InvalidPromptError, match="UUID 'u' also names encoder_prompt") as caught:
+        scope_stage0(pair, pool=pool, hasher=HASHER)
+    assert caught.value.path == "$.decoder_prompt.multi_modal_uuids.image[0]"
+
 
 # -- the core's property checks, pointed at scope_stage0 -------------------------------------
 
