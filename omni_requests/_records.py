@@ -21,7 +21,7 @@ import numpy as np
 from pyrsistent import PMap, PVector, pvector
 
 from ._embedding_fields import EmbeddingFields, check_embedding_items
-from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._errors import InvalidPromptError, OmniRequestsError, PromptTypeError, type_name
 from ._exif import pickled_tags, restore_parser_tags, same_value
 from ._frozen import refuse_second_init
 from ._hashing import MediaHasher, _exif_image_id, _parsed_as, rgb_conversion_error
@@ -295,19 +295,19 @@ def _freeze_items(where: str, modality: str, data: Any) -> PVector[Any]:
         for i, item in enumerate(items):
             if id(item) not in made:
                 made[id(item)] = made_in_this_call(_item_key(item), item, freeze_media, item, f"{where}[{i}]")
-    except BaseException:
-        made.clear()  # a refusal's frame keeps no frozen item (and its protection) alive
-        raise
-    # A list first: pyrsistent's C pvector() keeps a reference to each element it took
-    # from an iterable that then raises, so a refused item leaked the items before it.
-    vector = pvector([made[id(item)] for item in items])
-    if modality == "image":  # once frozen: what a container holds is checked by then
-        try:
+        # A list first: pyrsistent's C pvector() keeps a reference to each element it took
+        # from an iterable that then raises, so a refused item leaked the items before it.
+        vector = pvector([made[id(item)] for item in items])
+        if modality == "image":  # once frozen: what a container holds is checked by then
             _check_no_image_containers(where, items, vector)
-        except BaseException:
-            made.clear()
-            del vector
-            raise
+    except BaseException as error:
+        # A refusal's frames keep no frozen item (and its protection) alive: not this
+        # one's, nor the frames of the checks given the vector, dropped from a refusal.
+        made.clear()
+        vector = pvector()
+        if isinstance(error, OmniRequestsError):
+            raise error.with_traceback(None)  # noqa: B904 - the same error, re-raised here
+        raise
     _OWN_VECTORS.put(vector, modality)
     return vector
 

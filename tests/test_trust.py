@@ -760,6 +760,11 @@ def test_a_refused_record_keeps_none_of_the_items_it_froze_before_the_refusal() 
             with pytest.raises(PromptTypeError) as caught:
                 TextPrompt(prompt="x", multi_modal_data={"video": [frames, (frames, {"fps": object()})]})
             assert caught.value.path == "$.multi_modal_data.video[1][1].fps"
+        image = np.zeros((size, size, 3), np.uint8)
+        for _ in range(5):  # refused by a check given the frozen items (one image twice)
+            with pytest.raises(PromptTypeError) as caught:
+                TextPrompt(prompt="x", multi_modal_data={"image": [image, image, {"k": 1}]})
+            assert caught.value.path == "$.multi_modal_data.image[2]"
     gc.collect()
     assert (len(_sealed._PROTECTIONS), len(_media._OWN_ARRAYS)) == (protections, own)
 
