@@ -156,13 +156,78 @@ def _batch(prompts: object) -> list[object] | None:
     return _listed(prompts, "$")
 
 
+def _read_once(prompt: object, path: str) -> object:
+    """``prompt`` itself where vLLM reads it as the checks do; else the dict of the record
+    read from it (refusals named at ``path``): what goes on is then what was checked.
+
+    vLLM reads a prompt again after the checks (by ``get``, a UUID row by ``len`` and
+    ``[i]``). Held by plain dicts, lists, tuples and strs, it reads the same; a list
+    subclass that iterates ``["a", "b"]`` and indexes ``"a"`` twice would give two images
+    one cache entry where nothing is scoped, or show vLLM an engine-scoped UUID."""
+    if not isinstance(prompt, Mapping) or _read_alike(prompt):
+        return prompt
+    try:
+        with unsealed():  # a dict's images and tensors stay the caller's, as on every road
+            record = from_vllm(prompt)
+    except OmniRequestsError as error:
+        raise error.under(path) from None
+    return to_vllm(record)
+
+
+def _read_alike(prompt: Mapping[Any, object]) -> bool:
+    """Whether a prompt (either part of a pair) and its keys' road are plain: see ``_read_once``."""
+    if type(prompt) is not dict:
+        return False
+    if "encoder_prompt" in prompt:
+        parts = (prompt.get("encoder_prompt"), prompt.get("decoder_prompt"))
+        return all(part is None or type(part) is str or _single_read_alike(part) for part in parts)
+    return _single_read_alike(prompt)
+
+
+def _single_read_alike(prompt: object) -> bool:
+    if type(prompt) is not dict:
+        return False
+    data, uuids = prompt.get("multi_modal_data"), prompt.get("multi_modal_uuids")
+    if data is not None and type(data) is not dict:
+        return False  # whether it holds media at all is its own code's answer
+    if uuids is None:
+        return True  # vLLM keys the media by their content, which it reads itself
+    return (
+        type(uuids) is dict
+        and all(map(_plain_uuids, uuids.values()))
+        # One UUID over two items is judged by the items: they too must read alike.
+        and (data is None or all(_plain(value) for value in data.values()))
+    )
+
+
+def _plain_uuids(row: object) -> bool:
+    if isinstance(row, (list, tuple)):
+        return type(row) in (list, tuple) and all(map(_is_uuid, row))
+    return _is_uuid(row)
+
+
+def _is_uuid(value: object) -> bool:
+    return value is None or type(value) is str
+
+
+def _plain(value: object) -> bool:
+    """Whether only plain lists, tuples and dicts hold ``value``'s items (the items
+    themselves, arrays, images, tensors, are the engine's to read)."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return all(map(_plain, value))  # type: ignore[call-overload]
+    if kind is dict:
+        return all(map(_plain, value.values()))  # type: ignore[attr-defined]
+    # An array, the usual item, skips the abstract Mapping check (a few hundred ns).
+    return kind is np.ndarray or not isinstance(value, (list, tuple, Mapping))
+
+
 def _refuse_scoped_uuids(prompt: object, path: str) -> None:
     """Refuses a dict's UUID that is already scoped to a replica, as a record would, and
-    one UUID given to two items that are other media."""
-    if _uuids_to_read(prompt, path, set()):
+    one UUID given to two items that are other media (``prompt`` reads alike)."""
+    if isinstance(prompt, dict) and _uuid_repeats(prompt, path, set()):
         # Whether the items under a repeated UUID are one item is the record's rule (vLLM
-        # would key them alike), and a UUID that is no str vLLM keys as it is: such a
-        # dict is read as a record, and refused as one.
+        # would key them alike): such a dict is read as a record, and refused as one.
         try:
             with unsealed():
                 from_vllm(prompt)
@@ -170,67 +235,28 @@ def _refuse_scoped_uuids(prompt: object, path: str) -> None:
             raise error.under(path) from None
 
 
-def _uuids_to_read(prompt: object, path: str, seen: set[str]) -> bool:
-    """Refuses a dict's engine-scoped UUID; True where a UUID repeats one in ``seen``
-    (which gathers a pair's two parts) or is not a str."""
-    if not isinstance(prompt, Mapping):
-        return False  # records refuse such UUIDs when they are built
-    # Each read of the caller's mapping is named where its own code raises.
-    try:
-        pair = "encoder_prompt" in prompt
-    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise unreadable(path, error) from None
-    if pair:
-        to_read = False
+def _uuid_repeats(prompt: dict[Any, Any], path: str, seen: set[str]) -> bool:
+    """Refuses a plain dict's engine-scoped UUID; True where a UUID repeats one in ``seen``
+    (which gathers a pair's two parts)."""
+    if "encoder_prompt" in prompt:
+        repeats = False
         for part in ("encoder_prompt", "decoder_prompt"):
-            try:
-                value = prompt.get(part)
-            except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-                raise unreadable(f"{path}.{part}", error) from None
-            to_read = _uuids_to_read(value, f"{path}.{part}", seen) or to_read
-        return to_read
-    try:
-        uuids = prompt.get("multi_modal_uuids")
-    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise unreadable(f"{path}.multi_modal_uuids", error) from None
-    if not isinstance(uuids, Mapping):
+            value = prompt.get(part)
+            if type(value) is dict:
+                repeats = _uuid_repeats(value, f"{path}.{part}", seen) or repeats
+        return repeats
+    uuids = prompt.get("multi_modal_uuids")
+    if not uuids:
         return False
-    try:
-        rows: Any = uuids.items() if type(uuids) is dict else list(iter(uuids.items()))
-    except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
-        raise unreadable(f"{path}.multi_modal_uuids", error) from None
-    to_read = False
-    for modality, row in rows:
+    repeats = False
+    for modality, row in uuids.items():
         where = f"{path}.multi_modal_uuids.{modality}"
-        if isinstance(row, (bytes, bytearray, memoryview)):
-            to_read = True  # vLLM indexes it: its ints are the UUIDs
-        for i, uuid in enumerate(_uuid_row(row, where)):
-            if isinstance(uuid, str):
-                text = str.__str__(uuid)
-                refuse_engine_scoped(f"{where}[{i}]", text)
-                to_read = to_read or text in seen
-                seen.add(text)
-            elif uuid is not None:
-                to_read = True
-    return to_read
-
-
-def _uuid_row(row: object, where: str) -> list[object]:
-    """A modality's UUIDs as vLLM reads them: a str is one, any other sequence (a deque,
-    a pvector, an array of str) holds them. vLLM indexes anything else with a length (a
-    dict keyed 0, 1, ...), which records refuse: refused here too, by name."""
-    if isinstance(row, str):
-        return [row]
-    if isinstance(row, np.ndarray):
-        return list(row.ravel().tolist())
-    if row is None or isinstance(row, (bytes, bytearray, memoryview)):
-        return []  # no str UUIDs (vLLM indexes raw bytes into ints: the caller checks)
-    if not isinstance(row, Sequence):
-        raise PromptTypeError(where, f"must be a str or a list of str or None, got {type_name(row)}")
-    try:
-        return list(row)
-    except Exception as error:  # noqa: BLE001 - whatever a sequence's own code raises
-        raise PromptTypeError(where, f"cannot read its UUIDs ({type(error).__name__}: {error})") from None
+        for i, uuid in enumerate([row] if type(row) is str else row or ()):
+            if uuid is not None:
+                refuse_engine_scoped(f"{where}[{i}]", uuid)
+                repeats = repeats or uuid in seen
+                seen.add(uuid)
+    return repeats
 
 
 def carries_media(prompt: object) -> bool:
@@ -454,6 +480,12 @@ def scope_stage0(
       unscoped (in a new list where it is in a batch), or, when it carries a
       :class:`~omni_requests.KeyPolicy` and no replica could be chosen (none live,
       ``select`` returned ``None``), it is refused by name rather than sent without it.
+      Except on a diffusion stage, a mapping that is not a plain dict, or whose UUIDs,
+      or the media they name, are held by anything but plain dicts, lists, tuples and
+      strs (a list subclass, a mapping proxy), is read once as a record (refused where a
+      record is) and goes on as that record's dict (in a new list or tuple where it is
+      in a batch): vLLM reads it again (a prompt by ``get``, a UUID row by ``len`` and
+      ``[i]``), and such a holder's own code could answer otherwise than it did the checks.
 
     Every dict is checked (``from_vllm``) and every item keyed before ``pool.select``
     is called, so a bad prompt raises (naming e.g. ``$[1].multi_modal_uuids.image``)
@@ -499,6 +531,11 @@ def scope_stage0(
     batch = _batch(prompts)
     many = batch is not None
     items: list[object] = [prompts] if batch is None else batch
+    read = [_read_once(item, f"$[{i}]" if many else "$") for i, item in enumerate(items)]
+    if any(new is not old for new, old in zip(read, items, strict=True)):
+        # A mapping vLLM could read otherwise than the checks below goes on as what they read.
+        items = batch = read
+        prompts = (tuple(read) if isinstance(prompts, tuple) else read) if many else read[0]
     if len(pool.replicas) <= 1 and not (
         pool.replicas and any(_scopes(item) and carries_media(item) for item in items)
     ):

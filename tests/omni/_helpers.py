@@ -14,6 +14,18 @@ from PIL import Image
 from omni_requests_vllm import to_vllm
 
 
+class IndexedAs(list[Any]):
+    """A caller's list that iterates what it holds but answers ``[i]`` (how vLLM reads a
+    UUID row) from ``indexed``."""
+
+    def __init__(self, held: list[Any], indexed: list[Any]) -> None:
+        super().__init__(held)
+        self.indexed = indexed
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.indexed[i] if isinstance(i, int) else super().__getitem__(i)
+
+
 def image_array(seed: int, side: int = 8) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (side, side, 3), dtype=np.uint8)
 

@@ -9,11 +9,13 @@ with no serviceable replica, and a failed preprocessing step.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import copy
 import io
 import re
 import types
 import uuid
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import attrs
@@ -37,7 +39,7 @@ from omni_requests import (
 from omni_requests_omni import CacheAffinity, RoundRobin, RouteRequest, Stage0Pool, scope_stage0
 from omni_requests_vllm import from_vllm, to_vllm
 
-from ._helpers import containers, deep_equal, image_array, uuids_of, video_array
+from ._helpers import IndexedAs, containers, deep_equal, image_array, uuids_of, video_array
 
 MODEL = "/models/tiny-omni"
 HASHER = MediaHasher(MODEL)
@@ -689,6 +691,89 @@ def test_a_dict_passed_through_unscoped_may_not_give_one_uuid_to_two_items(pool:
     with pytest.raises(InvalidPromptError, match="UUID 'u' also names encoder_prompt") as caught:
         scope_stage0(pair, pool=pool, hasher=HASHER)
     assert caught.value.path == "$.decoder_prompt.multi_modal_uuids.image[0]"
+
+
+class _Uuid(str):
+    """A str subclass: its own ``__eq__`` and ``__hash__`` are what vLLM's cache would use."""
+
+
+PASSING_POOLS = [_pool(1), _pool(2, lambda _: None), _pool(())]
+PASSING_IDS = ["one_replica", "none_selected", "no_replica"]
+
+
+@pytest.mark.parametrize("pool", PASSING_POOLS, ids=PASSING_IDS)
+def test_where_nothing_is_scoped_vllm_is_handed_what_was_checked(pool: Stage0Pool) -> None:
+    images = [image_array(1), image_array(2)]
+    plain = {
+        "prompt": "<image><image>",
+        "multi_modal_data": {"image": images},
+        "multi_modal_uuids": {"image": ["a", "b"]},
+    }
+    # Plain dicts and lists are read by vLLM as they are checked: the caller's own goes on.
+    assert scope_stage0(plain, pool=pool, hasher=HASHER)[1] is plain
+    batch = (plain, "text", [1, 2])
+    assert scope_stage0(batch, pool=pool, hasher=HASHER)[1] is batch
+
+    scoped = f"stage0:rep0:{HASHER.key('image', images[1])}"
+    for row in (
+        IndexedAs(["a", "b"], ["a", "a"]),  # one cache entry for two images
+        IndexedAs(["a", "b"], ["a", scoped]),  # an engine-scoped key, hidden from iteration
+        (_Uuid("a"), "b"),
+        pvector(["a", "b"]),
+    ):
+        caller = {**plain, "multi_modal_uuids": {"image": row}}
+        before = copy.deepcopy(caller)
+        for prompt in (caller, types.MappingProxyType(caller)):
+            replica, sent = scope_stage0((prompt, "text"), pool=pool, hasher=HASHER)
+            assert replica is None and type(sent) is tuple and sent[1] == "text"
+            assert type(sent[0]) is dict and type(sent[0]["multi_modal_uuids"]) is dict
+            sent_row = sent[0]["multi_modal_uuids"]["image"]
+            # As vLLM reads it: len and [i].
+            assert type(sent_row) is list and [sent_row[i] for i in range(len(sent_row))] == ["a", "b"], row
+            assert all(type(uuid) is str for uuid in sent_row)
+            sent_images = sent[0]["multi_modal_data"]["image"]
+            assert all(np.array_equal(a, b) for a, b in zip(sent_images, images, strict=True))
+        assert deep_equal(caller, before)
+
+    # What the read sees is checked as a record's would be: an engine-scoped UUID, or one
+    # UUID over two images, refused by name whatever holds the row.
+    for row, refusal in (
+        (pvector(["a", scoped]), "already scoped"),
+        (IndexedAs(["a", "a"], ["a", "b"]), "UUID 'a' also names"),
+    ):
+        with pytest.raises(InvalidPromptError, match=refusal) as caught:
+            scope_stage0([plain, {**plain, "multi_modal_uuids": {"image": row}}], pool=pool, hasher=HASHER)
+        assert caught.value.path == "$[1].multi_modal_uuids.image[1]"
+    # A row no record takes is refused as where stage 0 scopes (on one replica it went on
+    # before, to fail once stage 0 had two).
+    for row in (collections.deque(["a", "b"]), np.array(["a", "b"])):
+        with pytest.raises(PromptTypeError, match="must be a str or a list of str") as caught:
+            scope_stage0({**plain, "multi_modal_uuids": {"image": row}}, pool=pool, hasher=HASHER)
+        assert caught.value.path == "$.multi_modal_uuids.image"
+
+
+class _LooksEmpty(collections.abc.Mapping[str, Any]):
+    """Media whose own ``len`` and truth say there are none; its keys and items say otherwise."""
+
+    def __init__(self, held: dict[str, Any]) -> None:
+        self.held = held
+
+    def __getitem__(self, key: str) -> Any:
+        return self.held[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.held)
+
+    def __len__(self) -> int:
+        return 0
+
+
+def test_media_that_say_they_are_none_are_read_and_scoped_not_passed_on() -> None:
+    image = image_array(1)
+    hiding = {"prompt": "<image>", "multi_modal_data": _LooksEmpty({"image": image})}
+    replica, sent = scope_stage0(hiding, pool=_pool(2, lambda _: 1), hasher=HASHER)
+    assert replica == 1 and sent is not hiding
+    assert sent["multi_modal_uuids"] == {"image": [f"stage0:rep1:{HASHER.key('image', image)}"]}
 
 
 # -- the core's property checks, pointed at scope_stage0 -------------------------------------

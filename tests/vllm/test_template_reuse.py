@@ -23,7 +23,7 @@ from _tiny_models import VLLM_MISSING
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
@@ -34,7 +34,9 @@ from vllm.multimodal.cache import LruKeyReplicatedReceiverCache
 from vllm.multimodal.hasher import MultiModalHasher
 
 from omni_requests import InvalidPromptError, MediaHasher, TextPrompt, scope_to_replica
+from omni_requests_omni import Stage0Pool, scope_stage0
 from omni_requests_vllm import from_vllm, to_vllm
+from tests.omni._helpers import IndexedAs
 
 pytestmark = pytest.mark.vllm
 
@@ -262,3 +264,54 @@ def test_one_uuid_over_two_videos_serves_the_second_the_firsts_features(
     keys, served = Deployment(fresh_renderer("qwen2_vl")).serve(to_vllm(record), 0)
     assert keys == ["clip-1", "clip-2"]
     assert same_features(served[1], own_features[id(second)])
+
+
+class _FirstReadAs(list[Any]):
+    """A caller's list whose first iteration gives ``first``, every later one what it holds."""
+
+    def __init__(self, first: list[Any], held: list[Any]) -> None:
+        super().__init__(held)
+        self.first: list[Any] | None = first
+
+    def __iter__(self) -> Iterator[Any]:
+        first, self.first = self.first, None
+        return iter(first) if first is not None else super().__iter__()
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [Stage0Pool(replicas=1, select=lambda _: 0), Stage0Pool(replicas=2, select=lambda _: None)],
+    ids=["one_replica", "none_selected"],
+)
+def test_stage0_hands_vllm_what_it_checked_where_nothing_is_scoped(
+    pool: Stage0Pool, qwen2_vl: TinyModel, fresh_renderer: Any, own_features: dict[int, dict[str, Any]]
+) -> None:
+    # vLLM reads a UUID row by [i]; a row whose own code answers that otherwise than its
+    # iteration would give two videos one cache entry, past a check that iterated it.
+    first, second = TEMPLATE_VIDEO, COPY_VIDEOS[0]
+    lying = {
+        "prompt": qwen2_vl.prompt(video=2),
+        "multi_modal_data": {"video": [first, second]},
+        "multi_modal_uuids": {"video": IndexedAs(["clip-1", "clip-2"], ["clip", "clip"])},
+    }
+    keys, served = Deployment(fresh_renderer("qwen2_vl")).serve(lying, 0)
+    assert keys == ["clip", "clip"] and same_features(served[1], own_features[id(first)])  # the hazard
+
+    replica, sent = scope_stage0(lying, pool=pool, hasher=MediaHasher(qwen2_vl.model_id))
+    assert replica is None
+    keys, served = Deployment(fresh_renderer("qwen2_vl")).serve(sent, 0)
+    assert keys == ["clip-1", "clip-2"]
+    assert same_features(served[0], own_features[id(first)])
+    assert same_features(served[1], own_features[id(second)])
+
+    # Items too: under one UUID the check saw one video twice; vLLM, which iterates the
+    # row again, is sent that, not another video at [0] whose features "clip" would name.
+    same = {
+        **lying,
+        "multi_modal_data": {"video": _FirstReadAs([first, first], [second, first])},
+        "multi_modal_uuids": {"video": ["clip", "clip"]},
+    }
+    _, sent = scope_stage0(same, pool=pool, hasher=MediaHasher(qwen2_vl.model_id))
+    keys, served = Deployment(fresh_renderer("qwen2_vl")).serve(sent, 0)
+    assert keys == ["clip", "clip"]
+    assert all(same_features(got, own_features[id(first)]) for got in served)
