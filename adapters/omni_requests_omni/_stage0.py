@@ -156,26 +156,14 @@ def _batch(prompts: object) -> list[object] | None:
     return _listed(prompts, "$")
 
 
-def _read_once(prompt: object, path: str) -> object:
-    """``prompt`` itself where vLLM reads it as the checks do; else the dict of the record
-    read from it (refusals named at ``path``): what goes on is then what was checked.
+def _read_alike(prompt: object) -> bool:
+    """Whether vLLM reads ``prompt`` as the checks do: a plain dict (or pair of them) whose
+    UUIDs, and the media they name, only plain dicts, lists, tuples and strs hold.
 
     vLLM reads a prompt again after the checks (by ``get``, a UUID row by ``len`` and
-    ``[i]``). Held by plain dicts, lists, tuples and strs, it reads the same; a list
-    subclass that iterates ``["a", "b"]`` and indexes ``"a"`` twice would give two images
-    one cache entry where nothing is scoped, or show vLLM an engine-scoped UUID."""
-    if not isinstance(prompt, Mapping) or _read_alike(prompt):
-        return prompt
-    try:
-        with unsealed():  # a dict's images and tensors stay the caller's, as on every road
-            record = from_vllm(prompt)
-    except OmniRequestsError as error:
-        raise error.under(path) from None
-    return to_vllm(record)
-
-
-def _read_alike(prompt: Mapping[Any, object]) -> bool:
-    """Whether a prompt (either part of a pair) and its keys' road are plain: see ``_read_once``."""
+    ``[i]``); any other holder's own code could answer it otherwise: a list subclass that
+    iterates ``["a", "b"]`` and indexes ``"a"`` twice would give two images one cache
+    entry where nothing is scoped, or show vLLM an engine-scoped UUID."""
     if type(prompt) is not dict:
         return False
     if "encoder_prompt" in prompt:
@@ -483,8 +471,9 @@ def scope_stage0(
       Except on a diffusion stage, a mapping that is not a plain dict, or whose UUIDs,
       or the media they name, are held by anything but plain dicts, lists, tuples and
       strs (a list subclass, a mapping proxy), is read once as a record (refused where a
-      record is) and goes on as that record's dict (in a new list or tuple where it is
-      in a batch): vLLM reads it again (a prompt by ``get``, a UUID row by ``len`` and
+      record is; the call's other prompts are then read as records too, in order) and
+      goes on as that record's dict (in a new list or tuple where it is in a batch):
+      vLLM reads it again (a prompt by ``get``, a UUID row by ``len`` and
       ``[i]``), and such a holder's own code could answer otherwise than it did the checks.
 
     Every dict is checked (``from_vllm``) and every item keyed before ``pool.select``
@@ -531,11 +520,17 @@ def scope_stage0(
     batch = _batch(prompts)
     many = batch is not None
     items: list[object] = [prompts] if batch is None else batch
-    read = [_read_once(item, f"$[{i}]" if many else "$") for i, item in enumerate(items)]
-    if any(new is not old for new, old in zip(read, items, strict=True)):
-        # A mapping vLLM could read otherwise than the checks below goes on as what they read.
-        items = batch = read
-        prompts = (tuple(read) if isinstance(prompts, tuple) else read) if many else read[0]
+    at: Callable[[int], str] = (lambda i: f"$[{i}]") if many else (lambda _: "$")
+    request: _Request | None = None
+    odd = [isinstance(item, Mapping) and not _read_alike(item) for item in items]
+    if any(odd):
+        # Read once, in order, as records (one object in several prompts stays one item);
+        # such a prompt goes on as its record's dict, whatever road it takes.
+        request = _Request(items, hasher, at)
+        records: list[Any] = request.records  # an odd item is a mapping: its record is one
+        read = zip(items, records, odd, strict=True)
+        items = batch = [to_vllm(record) if is_odd else item for item, record, is_odd in read]
+        prompts = (tuple(batch) if isinstance(prompts, tuple) else batch) if many else batch[0]
     if len(pool.replicas) <= 1 and not (
         pool.replicas and any(_scopes(item) and carries_media(item) for item in items)
     ):
@@ -551,7 +546,7 @@ def scope_stage0(
     if not _any_carries_media(items, many):
         return Stage0Result(None, prompts)
 
-    request = _Request(items, hasher, (lambda i: f"$[{i}]") if many else (lambda _: "$"))
+    request = request or _Request(items, hasher, at)
     # One request: routing's keys are the keys its dicts are rendered with.
     with one_request(hasher):
         # Every key first (scoping needs them all anyway): an item that cannot be keyed

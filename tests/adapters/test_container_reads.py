@@ -5,7 +5,9 @@
 ``__bool__``). Whatever such a read raises comes back as a ``PromptTypeError`` naming
 the field it read (``cannot read it (...)``), before anything is built, with the
 caller's object unchanged; a ``BaseException`` (Ctrl-C, a signal-raised timeout) is
-never caught and propagates as it was raised.
+never caught and propagates as it was raised. ``scope_stage0`` reads a prompt mapping
+that is no plain dict (or holds one) once, as a record, and hands that record's dict on:
+the methods only the engine calls (``get``, ``__bool__``) never run.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import pytest
 
 from omni_requests import MediaHasher, PromptTypeError
 from omni_requests_omni import Stage0Pool, scope_stage0
+from omni_requests_omni._stage0 import carries_media
 from omni_requests_vllm import from_vllm
 
 
@@ -183,61 +186,11 @@ CASES: dict[str, Case] = {
         "$[0]",
         "__iter__",
     ),
-    # scope_stage0: whether a prompt carries media (carries_media)
-    "scope_stage0 prompt get": (
-        lambda e: raising(dict, "get", e)(media()),
-        stage0,
-        "$.multi_modal_data",
-        "get",
-    ),
-    "scope_stage0 prompt get, in a batch": (
-        lambda e: [{"prompt": "y"}, raising(dict, "get", e)(media())],
-        stage0,
-        "$[1].multi_modal_data",
-        "get",
-    ),
     "scope_stage0 prompt __contains__, in a batch": (
         lambda e: [{"prompt": "y"}, raising(dict, "__contains__", e)(media())],
         stage0,
         "$[1]",
         "__contains__",
-    ),
-    "scope_stage0 multi_modal_data __bool__": (
-        lambda e: {"prompt": "x", "multi_modal_data": raising(dict, "__bool__", e)({"image": IMAGE})},
-        stage0,
-        "$.multi_modal_data",
-        "__bool__",
-    ),
-    "scope_stage0 multi_modal_data __len__": (
-        lambda e: {"prompt": "x", "multi_modal_data": raising(dict, "__len__", e)({"image": IMAGE})},
-        stage0,
-        "$.multi_modal_data",
-        "__len__",
-    ),
-    "scope_stage0 pair's encoder get": (
-        lambda e: {"encoder_prompt": raising(dict, "get", e)(media()), "decoder_prompt": "b"},
-        stage0,
-        "$.encoder_prompt.multi_modal_data",
-        "get",
-    ),
-    # scope_stage0 with one replica: the UUIDs checked for an engine's scope (_refuse_scoped_uuids)
-    "scope_stage0 one replica multi_modal_uuids items": (
-        lambda e: {**media(), "multi_modal_uuids": raising(dict, "items", e)({"image": "a"})},
-        stage0_one_replica,
-        "$.multi_modal_uuids",
-        "items",
-    ),
-    "scope_stage0 one replica multi_modal_uuids items, in a batch": (
-        lambda e: [media(), {**media(), "multi_modal_uuids": raising(dict, "items", e)({"image": "a"})}],
-        stage0_one_replica,
-        "$[1].multi_modal_uuids",
-        "items",
-    ),
-    "scope_stage0 one replica prompt get": (
-        lambda e: raising(dict, "get", e)(media()),
-        stage0_one_replica,
-        "$.multi_modal_uuids",
-        "get",
     ),
     "scope_stage0 one replica prompt __contains__": (
         lambda e: raising(dict, "__contains__", e)(media()),
@@ -245,13 +198,89 @@ CASES: dict[str, Case] = {
         "$",
         "__contains__",
     ),
+    # Where a pair is read as a record (from_vllm's read of a mapping that is no plain dict)
     "scope_stage0 one replica pair get": (
         lambda e: raising(dict, "get", e)({"encoder_prompt": media(), "decoder_prompt": "b"}),
         stage0_one_replica,
-        "$.encoder_prompt",
+        "$.decoder_prompt",
+        "get",
+    ),
+    # carries_media, which the installed scoping runs on the engine's copy of a prompt
+    "carries_media prompt get": (
+        lambda e: raising(dict, "get", e)(media()),
+        carries_media,
+        "$.multi_modal_data",
+        "get",
+    ),
+    "carries_media multi_modal_data __bool__": (
+        lambda e: {"prompt": "x", "multi_modal_data": raising(dict, "__bool__", e)({"image": IMAGE})},
+        carries_media,
+        "$.multi_modal_data",
+        "__bool__",
+    ),
+    "carries_media multi_modal_data __len__": (
+        lambda e: {"prompt": "x", "multi_modal_data": raising(dict, "__len__", e)({"image": IMAGE})},
+        carries_media,
+        "$.multi_modal_data",
+        "__len__",
+    ),
+    "carries_media pair's encoder get": (
+        lambda e: {"encoder_prompt": raising(dict, "get", e)(media()), "decoder_prompt": "b"},
+        carries_media,
+        "$.encoder_prompt.multi_modal_data",
         "get",
     ),
 }
+
+
+# Methods only the engine would call on a prompt (vLLM reads a prompt by ``get``, a UUID
+# row by ``len`` and ``[i]``): scope_stage0 reads a mapping that is no plain dict once,
+# as a record, and hands on that record's dict, so none of them runs.
+NOT_READ: dict[str, tuple[Callable[[Raise], object], Callable[[object], object]]] = {
+    "prompt get": (lambda e: raising(dict, "get", e)(media()), stage0),
+    "prompt get, one replica": (lambda e: raising(dict, "get", e)(media()), stage0_one_replica),
+    "prompt get, in a batch": (lambda e: [{"prompt": "y"}, raising(dict, "get", e)(media())], stage0),
+    "multi_modal_data __bool__": (
+        lambda e: {"prompt": "x", "multi_modal_data": raising(dict, "__bool__", e)({"image": IMAGE})},
+        stage0,
+    ),
+    "multi_modal_data __len__": (
+        lambda e: {"prompt": "x", "multi_modal_data": raising(dict, "__len__", e)({"image": IMAGE})},
+        stage0,
+    ),
+    "pair's encoder get": (
+        lambda e: {"encoder_prompt": raising(dict, "get", e)(media()), "decoder_prompt": "b"},
+        stage0,
+    ),
+}
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_scope_stage0_refuses_a_uuid_map_that_cannot_be_read_as_a_record_would(batch: bool) -> None:
+    prompt = {**media(), "multi_modal_uuids": raising(dict, "items", Boom)({"image": "a"})}
+    before = snapshot(prompt)
+    with pytest.raises(PromptTypeError, match=r"entries cannot be read \(Boom: items\)$") as caught:
+        stage0_one_replica([media(), prompt] if batch else prompt)
+    assert caught.value.path == ("$[1]" if batch else "$") + ".multi_modal_uuids"
+    assert snapshot(prompt) == before
+
+
+def _holds_subclass(value: object) -> bool:
+    if isinstance(value, (dict, list, tuple)) and type(value) not in (dict, list, tuple):
+        return True
+    if isinstance(value, dict):
+        return any(map(_holds_subclass, value.values()))
+    return isinstance(value, (list, tuple)) and any(map(_holds_subclass, value))
+
+
+@pytest.mark.parametrize("case", list(NOT_READ), ids=list(NOT_READ))
+def test_scope_stage0_hands_on_what_it_read_without_the_engines_reads(case: str) -> None:
+    build, call = NOT_READ[case]
+    given = build(Boom)
+    before = snapshot(given)
+    _, sent = call(given)  # type: ignore[misc]
+    assert not _holds_subclass(sent)
+    assert snapshot(given) == before
 
 
 def snapshot(value: object) -> object:
@@ -311,7 +340,7 @@ def test_a_runtime_error_from_a_media_maps_length_is_no_array_ambiguity() -> Non
     with pytest.raises(
         PromptTypeError, match=r"^\$\.multi_modal_data: cannot read it \(RuntimeError: __len__\)$"
     ):
-        stage0({"prompt": "x", "multi_modal_data": data})
+        carries_media({"prompt": "x", "multi_modal_data": data})
     with pytest.raises(PromptTypeError, match=r"^\$\.multi_modal_data: "):
         stage0({"prompt": "x", "multi_modal_data": np.zeros((2, 4, 4, 3), np.uint8)})
 
