@@ -92,6 +92,9 @@ DIVERGENCES: dict[str, Divergence] = {
     "scoped_uuid": Divergence(
         "stricter", "a 'stage0:rep1:...' UUID comes from an engine's copy; scoping it again stacks prefixes"
     ),
+    "policy_prefixed_uuid": Divergence(
+        "stricter", "'tenant:acme:cat' or 'bound:...' would spell a key policy's key, another tenant's"
+    ),
     "non_str_uuid_with_options": Divergence(
         "stricter", "with processor or media-io options vLLM hashes any UUID object; a key must be a str"
     ),
@@ -202,12 +205,24 @@ class Case:
         self.prompt.pop("media_io_kwargs", None)
 
 
-_rng = np.random.default_rng(7)
+class _MediaSource:
+    """Where pixels and samples come from: a generator that ``cases`` seeds from a draw at
+    the start of each example. An example's media then follow from its draws alone, so
+    Hypothesis replays and shrinks it exactly, a new mutation shifts no other mutation's
+    data, and items drawn within one example still differ from each other (one stream)."""
+
+    generator = np.random.default_rng(0)
+
+
+def _rng() -> np.random.Generator:
+    return _MediaSource.generator
+
+
 _pixels = st.sampled_from([(28, 28), (28, 56), (56, 28)]).map(
-    lambda hw: _rng.integers(0, 256, (*hw, 3), dtype=np.uint8)
+    lambda hw: _rng().integers(0, 256, (*hw, 3), dtype=np.uint8)
 )
-_frames = st.sampled_from([2, 4]).map(lambda n: _rng.integers(0, 256, (n, 28, 28, 3), dtype=np.uint8))
-_wave = st.integers(400, 1600).map(lambda n: _rng.standard_normal(n).astype(np.float32))
+_frames = st.sampled_from([2, 4]).map(lambda n: _rng().integers(0, 256, (n, 28, 28, 3), dtype=np.uint8))
+_wave = st.integers(400, 1600).map(lambda n: _rng().standard_normal(n).astype(np.float32))
 
 MEDIA: dict[str, st.SearchStrategy[Any]] = {
     "image": st.one_of(_pixels, _pixels.map(Image.fromarray)),
@@ -216,7 +231,9 @@ MEDIA: dict[str, st.SearchStrategy[Any]] = {
         _wave, _wave.map(lambda w: (w, 16000)), _wave.map(lambda w: [float(x) for x in w[:400]])
     ),
 }
-_uuid_text = st.text(min_size=1, max_size=12).filter(lambda s: not s.startswith("stage"))
+POLICY_PREFIXES = ("tenant:", "user:", "bound:")
+# Valid UUIDs: none spells an engine's scope or a key policy's parts (see the mutations).
+_uuid_text = st.text(min_size=1, max_size=12).filter(lambda s: not s.startswith(("stage", *POLICY_PREFIXES)))
 
 
 @st.composite
@@ -230,6 +247,7 @@ def cases(
     kind: Literal["text", "tokens"] | None = None,
 ) -> Case:
     """A valid prompt for ``model``; ``min_items`` in at least one modality."""
+    _MediaSource.generator = np.random.default_rng(draw(st.integers(0, 2**32 - 1), label="media seed"))
     counts = {m: draw(st.integers(0, 2)) for m in model.modalities} if media else {}
     if min_items:
         chosen = draw(st.sampled_from(model.modalities))
@@ -620,9 +638,14 @@ def scoped_uuid(draw: st.DrawFn, case: Case) -> Outcome:
     return _bad_uuid(draw, case, f"stage{stage}:rep{replica}:{draw(_uuid_text)}")
 
 
+@mutation(min_items=1)
+def policy_prefixed_uuid(draw: st.DrawFn, case: Case) -> Outcome:
+    return _bad_uuid(draw, case, draw(st.sampled_from(POLICY_PREFIXES)) + draw(st.just("") | _uuid_text))
+
+
 @mutation(min_items=2)
 def one_uuid_two_items(draw: st.DrawFn, case: Case) -> Outcome:
-    # Two different items (the media strategies draw fresh random pixels and samples),
+    # Two different items (the media strategies draw each from one stream per example),
     # of one modality or two, under one UUID: vLLM keys both by it, so the second is
     # served the first's features (tests/vllm/test_template_reuse.py).
     places = [(m, i) for m in case.data for i in range(case.counts.get(m, 0))]
@@ -673,11 +696,11 @@ def video_tuple_vllm_cannot_unpack(draw: st.DrawFn, case: Case) -> Outcome:
     # A tuple other than a pair is a tuple of videos to vLLM's parser: three 3-D frames
     # fail its video processor (IndexError), and a video item that is a tuple other than
     # (frames, metadata) fails to unpack (ValueError). Records refuse both by name.
-    frame = _rng.integers(0, 256, (28, 28, 3), dtype=np.uint8)
+    frame = _rng().integers(0, 256, (28, 28, 3), dtype=np.uint8)
     if draw(st.booleans()):
         case.data["video"] = (frame, frame, frame)
         return refused(PromptTypeError, "$.multi_modal_data.video")
-    video = _rng.integers(0, 256, (2, 28, 28, 3), dtype=np.uint8)
+    video = _rng().integers(0, 256, (2, 28, 28, 3), dtype=np.uint8)
     case.data["video"] = [draw(st.sampled_from([(video,), (video, {"fps": 2.0}, 3)]))]
     return refused(PromptTypeError, "$.multi_modal_data.video[0]")
 
@@ -686,7 +709,7 @@ def video_tuple_vllm_cannot_unpack(draw: st.DrawFn, case: Case) -> Outcome:
 def audio_tuple_vllm_cannot_read(draw: st.DrawFn, case: Case) -> Outcome:
     # vLLM unpacks an audio tuple as (waveform, rate): other lengths fail there, and a str
     # or bytes waveform (a file's name or contents) fails its processor. Records refuse both.
-    wave = _rng.standard_normal(800).astype(np.float32)
+    wave = _rng().standard_normal(800).astype(np.float32)
     item = draw(st.sampled_from([(wave, 16000, 1), (wave,), ("speech.wav", 16000), (b"RIFF", 16000)]))
     case.data["audio"] = [item]
     return refused(PromptTypeError, "$.multi_modal_data.audio[0]")
