@@ -759,7 +759,7 @@ class MediaHasher:
             token = immutable_token(item, leaves, sealed=record)
             if token is None or not leaves:
                 return compute(modality, thaw(item) if record else item)
-        cache_key = (kind, self.algorithm, self.model_id, modality, token)
+        cache_key = (kind, type(self), self.algorithm, self.model_id, modality, token)
         digest = _CACHE.get(cache_key)
         if digest is None:
             # From the arrays as made (fresh views of them), which the token stands for:
@@ -771,7 +771,7 @@ class MediaHasher:
         return digest
 
     def _cached_by_seal(self, modality: str, seal: Seal) -> str:
-        cache_key = ("content", self.algorithm, self.model_id, modality, ("sealed", id(seal)))
+        cache_key = ("content", type(self), self.algorithm, self.model_id, modality, ("sealed", id(seal)))
         digest = _CACHE.get(cache_key)
         if digest is None:
             image = seal.handout()

@@ -6,6 +6,7 @@ Bit-for-bit parity with vLLM's own hasher is proven in tests/vllm/test_hash_pari
 from __future__ import annotations
 
 import gc
+from typing import Any
 
 import numpy as np
 import pytest
@@ -195,3 +196,17 @@ def test_keys_of_tuples_and_a_records_item_lists_of_its_arrays_are_computed_once
         CountingHasher.computed = Counter()
         assert hasher.key("video", item) == hasher.key("video", item)
         assert sum(CountingHasher.computed.values()) == digests, item
+
+
+def test_a_hasher_subclass_is_never_served_the_base_classes_cached_keys() -> None:
+    # Keys of a record's arrays are cached across hashers of one model and algorithm; a
+    # subclass that computes its own digests must get its own, not the base class's.
+    class Salted(MediaHasher):
+        def _digest(self, modality: str, item: object, *leaf: Any) -> str:
+            return "salted-" + super()._digest(modality, item, *leaf)
+
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": np.zeros((4, 4, 3), np.uint8)})
+    (image,) = record.multi_modal_data["image"]
+    base = MediaHasher("m").key("image", image)
+    assert Salted("m").key("image", image) == f"salted-{base}"
+    assert MediaHasher("m").key("image", image) == base
