@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, Final, Generic, Literal, NamedTuple, TypeVar, overload
+from typing import Any, Final, Generic, Literal, NamedTuple, TypeGuard, TypeVar, overload
 
 import attrs
 import numpy as np
@@ -156,15 +156,26 @@ def _batch(prompts: object) -> list[object] | None:
     return _listed(prompts, "$")
 
 
-def _read_alike(prompt: object) -> bool:
-    """Whether vLLM reads ``prompt`` as the checks do: a plain dict (or pair of them) whose
-    UUIDs, and the media they name, only plain dicts, lists, tuples and strs hold.
+def _goes_as_read(prompt: object, path: str) -> bool:
+    """Whether ``prompt`` goes on as the dict of the record read from it, not as itself.
 
     vLLM reads a prompt again after the checks (by ``get``, a UUID row by ``len`` and
-    ``[i]``); any other holder's own code could answer it otherwise: a list subclass that
-    iterates ``["a", "b"]`` and indexes ``"a"`` twice would give two images one cache
-    entry where nothing is scoped, or show vLLM an engine-scoped UUID."""
-    if type(prompt) is not dict:
+    ``[i]``, a modality's items by iterating them). A plain dict with plain str keys, its
+    UUIDs in plain lists, tuples and strs, answers that read as it answered the checks;
+    any other holder's own code could answer otherwise (a list subclass that iterates
+    ``["a", "b"]`` and indexes ``"a"`` twice would give two images one cache entry where
+    nothing is scoped). Where a UUID repeats, the rule compares the items under it, which
+    vLLM reads again too: such a prompt also goes on as what was compared. A plain dict's
+    engine-scoped UUID is refused here, at ``path``; the records refuse the rest."""
+    if not isinstance(prompt, Mapping):
+        return False
+    return not _read_alike(prompt) or _uuid_repeats(prompt, path, set())
+
+
+def _read_alike(prompt: object) -> TypeGuard[dict[str, Any]]:
+    """Whether a prompt (or pair) and its UUIDs are held by plain dicts with str keys, and
+    plain lists, tuples and strs: see ``_goes_as_read``."""
+    if not _plain_map(prompt):
         return False
     if "encoder_prompt" in prompt:
         parts = (prompt.get("encoder_prompt"), prompt.get("decoder_prompt"))
@@ -173,19 +184,17 @@ def _read_alike(prompt: object) -> bool:
 
 
 def _single_read_alike(prompt: object) -> bool:
-    if type(prompt) is not dict:
+    if not _plain_map(prompt):
         return False
     data, uuids = prompt.get("multi_modal_data"), prompt.get("multi_modal_uuids")
-    if data is not None and type(data) is not dict:
+    if data is not None and not _plain_map(data):
         return False  # whether it holds media at all is its own code's answer
-    if uuids is None:
-        return True  # vLLM keys the media by their content, which it reads itself
-    return (
-        type(uuids) is dict
-        and all(map(_plain_uuids, uuids.values()))
-        # One UUID over two items is judged by the items: they too must read alike.
-        and (data is None or all(_plain(value) for value in data.values()))
-    )
+    return uuids is None or (_plain_map(uuids) and all(map(_plain_uuids, uuids.values())))
+
+
+def _plain_map(value: object) -> TypeGuard[dict[str, Any]]:
+    # A key of a str subclass answers a lookup by its own __eq__: any field could be it.
+    return type(value) is dict and all(type(key) is str for key in value)
 
 
 def _plain_uuids(row: object) -> bool:
@@ -198,32 +207,7 @@ def _is_uuid(value: object) -> bool:
     return value is None or type(value) is str
 
 
-def _plain(value: object) -> bool:
-    """Whether only plain lists, tuples and dicts hold ``value``'s items (the items
-    themselves, arrays, images, tensors, are the engine's to read)."""
-    kind = type(value)
-    if kind is list or kind is tuple:
-        return all(map(_plain, value))  # type: ignore[call-overload]
-    if kind is dict:
-        return all(map(_plain, value.values()))  # type: ignore[attr-defined]
-    # An array, the usual item, skips the abstract Mapping check (a few hundred ns).
-    return kind is np.ndarray or not isinstance(value, (list, tuple, Mapping))
-
-
-def _refuse_scoped_uuids(prompt: object, path: str) -> None:
-    """Refuses a dict's UUID that is already scoped to a replica, as a record would, and
-    one UUID given to two items that are other media (``prompt`` reads alike)."""
-    if isinstance(prompt, dict) and _uuid_repeats(prompt, path, set()):
-        # Whether the items under a repeated UUID are one item is the record's rule (vLLM
-        # would key them alike): such a dict is read as a record, and refused as one.
-        try:
-            with unsealed():
-                from_vllm(prompt)
-        except OmniRequestsError as error:
-            raise error.under(path) from None
-
-
-def _uuid_repeats(prompt: dict[Any, Any], path: str, seen: set[str]) -> bool:
+def _uuid_repeats(prompt: dict[str, Any], path: str, seen: set[str]) -> bool:
     """Refuses a plain dict's engine-scoped UUID; True where a UUID repeats one in ``seen``
     (which gathers a pair's two parts)."""
     if "encoder_prompt" in prompt:
@@ -468,13 +452,14 @@ def scope_stage0(
       unscoped (in a new list where it is in a batch), or, when it carries a
       :class:`~omni_requests.KeyPolicy` and no replica could be chosen (none live,
       ``select`` returned ``None``), it is refused by name rather than sent without it.
-      Except on a diffusion stage, a mapping that is not a plain dict, or whose UUIDs,
-      or the media they name, are held by anything but plain dicts, lists, tuples and
-      strs (a list subclass, a mapping proxy), is read once as a record (refused where a
-      record is; the call's other prompts are then read as records too, in order) and
-      goes on as that record's dict (in a new list or tuple where it is in a batch):
-      vLLM reads it again (a prompt by ``get``, a UUID row by ``len`` and
-      ``[i]``), and such a holder's own code could answer otherwise than it did the checks.
+      Except on a diffusion stage, a prompt goes on as the dict of the record read from
+      it, not as itself, wherever vLLM's second read of it could find other UUIDs or
+      media than the checks did: a mapping that is not a plain dict with str keys, UUIDs
+      held by anything but plain dicts, lists, tuples and strs (a list subclass, a
+      mapping proxy), media held by a mapping that is no plain dict, or a UUID that
+      repeats (the rule compares the items under it, which vLLM reads again). The
+      call's prompts are then all read as records, in order; a batch that is no list or
+      tuple comes back as the list that was read.
 
     Every dict is checked (``from_vllm``) and every item keyed before ``pool.select``
     is called, so a bad prompt raises (naming e.g. ``$[1].multi_modal_uuids.image``)
@@ -522,7 +507,10 @@ def scope_stage0(
     items: list[object] = [prompts] if batch is None else batch
     at: Callable[[int], str] = (lambda i: f"$[{i}]") if many else (lambda _: "$")
     request: _Request | None = None
-    odd = [isinstance(item, Mapping) and not _read_alike(item) for item in items]
+    if many and type(prompts) not in (list, tuple):
+        # vLLM iterates a batch again: what goes on is what was read (a new list).
+        prompts = batch
+    odd = [_goes_as_read(item, at(i)) for i, item in enumerate(items)]
     if any(odd):
         # Read once, in order, as records (one object in several prompts stays one item);
         # such a prompt goes on as its record's dict, whatever road it takes.
@@ -534,12 +522,10 @@ def scope_stage0(
     if len(pool.replicas) <= 1 and not (
         pool.replicas and any(_scopes(item) and carries_media(item) for item in items)
     ):
-        # Nothing is scoped, but a dict carrying keys an engine scoped (a copy of a scoped
-        # dict given new media) would reach it as they are: the old media's, still cached
-        # on that replica when it was one of several. A scoped record with media is scoped
-        # to the one replica instead, below: its old scope would be such keys.
-        for i, item in enumerate(items):
-            _refuse_scoped_uuids(item, f"$[{i}]" if many else "$")
+        # Nothing is scoped. A dict carrying keys an engine scoped (a copy of a scoped dict
+        # given new media), refused above, would reach it as they are: the old media's,
+        # still cached on that replica when it was one of several. A scoped record with
+        # media is scoped to the one replica instead, below: its old scope would be such keys.
         return Stage0Result(
             None, _unscoped(prompts, batch, None if pool.replicas else "stage 0 has no live replica")
         )

@@ -668,7 +668,10 @@ def test_a_dict_passed_through_unscoped_may_not_give_one_uuid_to_two_items(pool:
     assert caught.value.path == "$[1].multi_modal_uuids.image[1]"
     assert deep_equal(shared, before)
     same = {**shared, "multi_modal_data": {"image": [image, image]}}  # one image twice: one item
-    assert scope_stage0(same, pool=pool, hasher=HASHER)[1] is same
+    sent = scope_stage0(same, pool=pool, hasher=HASHER)[1]
+    # Taken, and sent as what the rule compared (vLLM reads the items again), not the caller's.
+    assert sent is not same and sent["multi_modal_uuids"] == {"image": ["u", "u"]}
+    assert all(np.array_equal(item, image) for item in sent["multi_modal_data"]["image"])
 
     # UUIDs that are no str vLLM keys as they are ([7, 7]; raw bytes, indexed into ints);
     # a UUID in both parts of a pair names one entry of the one processor cache.
@@ -750,6 +753,108 @@ def test_where_nothing_is_scoped_vllm_is_handed_what_was_checked(pool: Stage0Poo
         with pytest.raises(PromptTypeError, match="must be a str or a list of str") as caught:
             scope_stage0({**plain, "multi_modal_uuids": {"image": row}}, pool=pool, hasher=HASHER)
         assert caught.value.path == "$.multi_modal_uuids.image"
+
+
+class _KeyFor(str):
+    """A field name whose own ``==`` says no to the first ``hidden`` lookups (the checks'),
+    then yes (the engine's)."""
+
+    def __new__(cls, text: str, hidden: int) -> _KeyFor:
+        key = super().__new__(cls, text)
+        key.hidden = hidden
+        return key
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        self.hidden -= 1
+        return self.hidden < 0 and str.__eq__(self, other)
+
+
+class _Batch(list[Any]):
+    """A caller's own batch type: its iteration is its own code, run again by each read."""
+
+
+class _Clips(np.ndarray):
+    """Two videos stacked; iterating it (vLLM's read of a video array) gives others."""
+
+    def __iter__(self) -> Iterator[Any]:
+        yield video_array(1)
+        yield video_array(2)
+
+
+@pytest.mark.parametrize("pool", PASSING_POOLS, ids=PASSING_IDS)
+def test_holders_of_keys_and_batches_that_could_answer_vllm_otherwise_go_on_as_read(pool: Stage0Pool) -> None:
+    images = [image_array(1), image_array(2)]
+    data = {"image": images}
+    # A field name whose == hides the UUIDs from a first lookup: read as a record, whose
+    # keys are plain, and refused as one there (one UUID over two images).
+    hiding = {
+        "prompt": "<image><image>",
+        "multi_modal_data": data,
+        _KeyFor("multi_modal_uuids", 5): {"image": ["a", "a"]},
+    }
+    with pytest.raises(InvalidPromptError, match="UUID 'a' also names") as caught:
+        scope_stage0(hiding, pool=pool, hasher=HASHER)
+    assert caught.value.path == "$.multi_modal_uuids.image[1]"
+
+    # A UUID map that is no plain dict goes on as the plain dict that was read.
+    proxied = {
+        "prompt": "<image><image>",
+        "multi_modal_data": data,
+        "multi_modal_uuids": types.MappingProxyType({"image": ["a", "b"]}),
+    }
+    sent = scope_stage0(proxied, pool=pool, hasher=HASHER)[1]
+    assert type(sent["multi_modal_uuids"]) is dict and sent["multi_modal_uuids"] == {"image": ["a", "b"]}
+
+    # So does a prompt mapping that is no plain dict, however plain what it holds, and a
+    # pair whose part holds its UUIDs in a row of the caller's own type.
+    plain = {"prompt": "<image><image>", "multi_modal_data": data, "multi_modal_uuids": {"image": ["a", "b"]}}
+    sent = scope_stage0(types.MappingProxyType(plain), pool=pool, hasher=HASHER)[1]
+    assert type(sent) is dict and sent["multi_modal_uuids"] == {"image": ["a", "b"]}
+    hidden = IndexedAs(["a"], [f"stage0:rep0:{HASHER.key('image', images[0])}"])
+    part = {
+        "prompt": "<image>",
+        "multi_modal_data": {"image": images[0]},
+        "multi_modal_uuids": {"image": hidden},
+    }
+    sent = scope_stage0({"encoder_prompt": part, "decoder_prompt": "b"}, pool=pool, hasher=HASHER)[1]
+    row = sent["encoder_prompt"]["multi_modal_uuids"]["image"]
+    assert type(row) is list and [row[i] for i in range(len(row))] == ["a"]
+
+    # A batch vLLM would iterate again goes on as the list that was read.
+    batch = _Batch([{"prompt": "text"}, "more text"])
+    replica, sent = scope_stage0(batch, pool=pool, hasher=HASHER)
+    assert replica is None and type(sent) is list and sent == [{"prompt": "text"}, "more text"]
+
+    # Under a repeated UUID the items are compared; vLLM reads them again (an array of
+    # videos by iterating it), so the prompt goes on as the record's plain arrays.
+    stacked = np.stack([video_array(1), video_array(1)]).view(_Clips)
+    clips = {
+        "prompt": "<video><video>",
+        "multi_modal_data": {"video": stacked},
+        "multi_modal_uuids": {"video": ["v", "v"]},
+    }
+    sent = scope_stage0(clips, pool=pool, hasher=HASHER)[1]
+    assert [type(video) for video in sent["multi_modal_data"]["video"]] == [np.ndarray, np.ndarray]
+    assert all(np.array_equal(video, video_array(1)) for video in sent["multi_modal_data"]["video"])
+
+
+def test_an_engine_scoped_uuid_is_refused_on_every_road_media_or_not() -> None:
+    scoped = {"prompt": "x", "multi_modal_uuids": {"image": ["stage0:rep1:abc"]}}
+    for pool in (_pool(2, lambda _: 1), *PASSING_POOLS):
+        with pytest.raises(InvalidPromptError, match="already scoped") as caught:
+            scope_stage0(["y", scoped], pool=pool, hasher=HASHER)
+        assert caught.value.path == "$[1].multi_modal_uuids.image[0]"
+
+
+def test_media_behind_a_field_name_that_hides_them_are_routed() -> None:
+    image = image_array(1)
+    hiding = {"prompt": "<image>", _KeyFor("multi_modal_data", 5): {"image": image}}
+    replica, sent = scope_stage0(hiding, pool=_pool(2, lambda _: 1), hasher=HASHER)
+    assert replica == 1 and sent["multi_modal_uuids"] == {
+        "image": [f"stage0:rep1:{HASHER.key('image', image)}"]
+    }
 
 
 class _LooksEmpty(collections.abc.Mapping[str, Any]):
