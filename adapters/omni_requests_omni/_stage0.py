@@ -320,6 +320,12 @@ def _unscoped(prompts: object, batch: list[object] | None, why: str | None) -> o
     return tuple(fresh) if isinstance(prompts, tuple) else fresh
 
 
+def _like(prompts: object, items: list[object], many: bool) -> object:
+    """``items`` in the form of ``prompts``: a tuple for a tuple batch, a list for any other
+    batch, the one item for one prompt."""
+    return (tuple(items) if isinstance(prompts, tuple) else items) if many else items[0]
+
+
 def _parts(record: object) -> list[Any]:
     """The single prompts inside a record (two for an encoder-decoder prompt)."""
     if isinstance(record, EncoderDecoderPrompt):
@@ -357,6 +363,14 @@ class _Request:
                         f"to be scoped, got {type_name(item)}",
                     )
         self._bases: dict[int, list[tuple[str, ...]]] = {}
+
+    def dicts_as_read(self) -> list[object]:
+        """The items, each mapping as the dict of its record (a fresh plain dict)."""
+        records: list[Any] = self.records  # a mapping's record is one
+        return [
+            to_vllm(record) if isinstance(item, Mapping) else item
+            for item, record in zip(self.items, records, strict=True)
+        ]
 
     def bases_of(self, index: int) -> list[tuple[str, ...]]:
         """The unscoped key bases of item ``index``, per part (none for a missing part)."""
@@ -431,7 +445,7 @@ def scope_stage0(
     """Pick a stage-0 replica for a request and scope its media keys to it.
 
     ``prompts`` is what the engine would hand to ``process_inputs``: one prompt or a
-    batch of them (a list or tuple, any sequence vLLM reads as a batch; a tuple comes
+    batch of them (a list or tuple, any ``Sequence`` vLLM reads as a batch; a tuple comes
     back as a tuple), as vLLM/vllm-omni dicts or as records. The result is
     ``(replica_id, prompts)``:
 
@@ -458,8 +472,10 @@ def scope_stage0(
       held by anything but plain dicts, lists, tuples and strs (a list subclass, a
       mapping proxy), media held by a mapping that is no plain dict, or a UUID that
       repeats (the rule compares the items under it, which vLLM reads again). The
-      call's prompts are then all read as records, in order; a batch that is no list or
-      tuple comes back as the list that was read.
+      call's prompts are then all read as records, in order, and every dict goes on as
+      read, since reading ran the caller's code; so do the dicts where ``select`` was
+      asked and returned ``None`` (keying and ``select`` are the caller's code too). A
+      batch that is no list or tuple comes back as the list that was read.
 
     Every dict is checked (``from_vllm``) and every item keyed before ``pool.select``
     is called, so a bad prompt raises (naming e.g. ``$[1].multi_modal_uuids.image``)
@@ -510,15 +526,13 @@ def scope_stage0(
     if many and type(prompts) not in (list, tuple):
         # vLLM iterates a batch again: what goes on is what was read (a new list).
         prompts = batch
-    odd = [_goes_as_read(item, at(i)) for i, item in enumerate(items)]
-    if any(odd):
-        # Read once, in order, as records (one object in several prompts stays one item);
-        # such a prompt goes on as its record's dict, whatever road it takes.
+    if any(_goes_as_read(item, at(i)) for i, item in enumerate(items)):
+        # Read once, in order, as records (one object in several prompts stays one item).
+        # That ran the odd holders' own code, which could change the plain dicts beside
+        # them: every dict goes on as its record's dict, whatever road it takes.
         request = _Request(items, hasher, at)
-        records: list[Any] = request.records  # an odd item is a mapping: its record is one
-        read = zip(items, records, odd, strict=True)
-        items = batch = [to_vllm(record) if is_odd else item for item, record, is_odd in read]
-        prompts = (tuple(batch) if isinstance(prompts, tuple) else batch) if many else batch[0]
+        items = batch = request.dicts_as_read()
+        prompts = _like(prompts, batch, many)
     if len(pool.replicas) <= 1 and not (
         pool.replicas and any(_scopes(item) and carries_media(item) for item in items)
     ):
@@ -540,7 +554,13 @@ def scope_stage0(
         bases = request.bases()
         replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: bases))
         if replica is None:
-            return Stage0Result(None, _unscoped(prompts, batch, "pool.select chose no replica"))
+            # Keying and select ran the caller's code (a policy, an image's own loader),
+            # which could change the dicts since they were checked: they go on as read.
+            read = request.dicts_as_read()
+            return Stage0Result(
+                None,
+                _unscoped(_like(prompts, read, many), read if many else None, "pool.select chose no replica"),
+            )
         chosen = live_replica_id(replica, pool.replicas)
         if chosen is None:
             raise InvalidPromptError(

@@ -108,7 +108,12 @@ def test_no_serviceable_replica_yet_passes_the_prompt_through_unscoped() -> None
     select = Recorder(None)
     replica, out = scope_stage0(prompt, pool=_pool(2, select), hasher=HASHER, request_id="req-none")
     assert replica is None
-    assert out is prompt
+    # select is the caller's code, run after the checks: the dict goes on as it was read.
+    assert out is not prompt and type(out) is dict and out["prompt"] == prompt["prompt"]
+    assert [
+        np.array_equal(image, prompt["multi_modal_data"]["image"])
+        for image in out["multi_modal_data"]["image"]
+    ] == [True]
     assert "multi_modal_uuids" not in out
     assert [r.request_id for r in select.seen] == ["req-none"]
 
@@ -673,6 +678,16 @@ def test_a_dict_passed_through_unscoped_may_not_give_one_uuid_to_two_items(pool:
     assert sent is not same and sent["multi_modal_uuids"] == {"image": ["u", "u"]}
     assert all(np.array_equal(item, image) for item in sent["multi_modal_data"]["image"])
 
+    # A UUID given as a bare str names one item too, here also a video's.
+    across = {
+        "prompt": "<image><video>",
+        "multi_modal_data": {"image": image, "video": video_array(1)},
+        "multi_modal_uuids": {"image": "clip", "video": ["clip"]},
+    }
+    with pytest.raises(InvalidPromptError, match="UUID 'clip' also names") as caught:
+        scope_stage0(across, pool=pool, hasher=HASHER)
+    assert caught.value.path == "$.multi_modal_uuids.video[0]"
+
     # UUIDs that are no str vLLM keys as they are ([7, 7]; raw bytes, indexed into ints);
     # a UUID in both parts of a pair names one entry of the one processor cache.
     for row in ([7, 7], b"aa", bytearray(b"aa")):
@@ -712,10 +727,13 @@ def test_where_nothing_is_scoped_vllm_is_handed_what_was_checked(pool: Stage0Poo
         "multi_modal_data": {"image": images},
         "multi_modal_uuids": {"image": ["a", "b"]},
     }
-    # Plain dicts and lists are read by vLLM as they are checked: the caller's own goes on.
-    assert scope_stage0(plain, pool=pool, hasher=HASHER)[1] is plain
+    # Plain dicts and lists are read by vLLM as they are checked: the caller's own goes on,
+    # unless select (the caller's code) ran after the checks.
+    asked = len(pool.replicas) > 1
+    assert (scope_stage0(plain, pool=pool, hasher=HASHER)[1] is plain) is not asked
     batch = (plain, "text", [1, 2])
-    assert scope_stage0(batch, pool=pool, hasher=HASHER)[1] is batch
+    sent = scope_stage0(batch, pool=pool, hasher=HASHER)[1]
+    assert (sent is batch) is not asked and type(sent) is tuple and sent[1:] == ("text", [1, 2])
 
     scoped = f"stage0:rep0:{HASHER.key('image', images[1])}"
     for row in (
@@ -838,6 +856,48 @@ def test_holders_of_keys_and_batches_that_could_answer_vllm_otherwise_go_on_as_r
     sent = scope_stage0(clips, pool=pool, hasher=HASHER)[1]
     assert [type(video) for video in sent["multi_modal_data"]["video"]] == [np.ndarray, np.ndarray]
     assert all(np.array_equal(video, video_array(1)) for video in sent["multi_modal_data"]["video"])
+
+
+@pytest.mark.parametrize("pool", PASSING_POOLS[:2], ids=PASSING_IDS[:2])
+def test_a_dict_changed_by_the_callers_code_after_its_check_goes_on_as_it_was_read(pool: Stage0Pool) -> None:
+    images = [image_array(1), image_array(2)]
+    rewritten = ["stage0:rep0:c1", "c1"]  # an engine's scope, and one UUID over two images
+
+    def fresh() -> dict[str, Any]:
+        return {
+            "prompt": "<image><image>",
+            "multi_modal_data": {"image": images},
+            "multi_modal_uuids": {"image": ["c1", "c2"]},
+        }
+
+    class Rewriting(list[Any]):
+        """A UUID row whose iteration rewrites the dict before it in the batch."""
+
+        def __iter__(self) -> Iterator[Any]:
+            victim["multi_modal_uuids"]["image"][:] = rewritten
+            return super().__iter__()
+
+    victim = fresh()
+    odd = {
+        "prompt": "<image>",
+        "multi_modal_data": {"image": images[0]},
+        "multi_modal_uuids": {"image": Rewriting(["dog"])},
+    }
+    _, sent = scope_stage0([victim, odd], pool=pool, hasher=HASHER)
+    assert victim["multi_modal_uuids"]["image"] == rewritten  # the caller's code ran ...
+    assert sent[0] is not victim and sent[0]["multi_modal_uuids"] == {
+        "image": ["c1", "c2"]
+    }  # ... after the read
+
+    # select is the caller's code too, run after every check.
+    victim = fresh()
+
+    def select(request: RouteRequest) -> None:
+        victim["multi_modal_uuids"]["image"][:] = rewritten
+
+    _, sent = scope_stage0(victim, pool=_pool(2, select), hasher=HASHER)
+    assert victim["multi_modal_uuids"]["image"] == rewritten
+    assert sent is not victim and sent["multi_modal_uuids"] == {"image": ["c1", "c2"]}
 
 
 def test_an_engine_scoped_uuid_is_refused_on_every_road_media_or_not() -> None:
