@@ -169,7 +169,48 @@ def _goes_as_read(prompt: object, path: str) -> bool:
     engine-scoped UUID is refused here, at ``path``; the records refuse the rest."""
     if not isinstance(prompt, Mapping):
         return False
+    if _plain_map(prompt) and "type" in prompt:
+        _refuse_scoped_hashes(prompt, path)
+        return False  # vLLM takes it as rendered: its keys are its own, read as they are
     return not _read_alike(prompt) or _uuid_repeats(prompt, path, set())
+
+
+def _refuse_scoped_hashes(rendered: dict[str, Any], path: str) -> None:
+    """Refuses a rendered engine input (vLLM's ``process_inputs`` takes a dict with a
+    ``type`` as one, and keys its media by its ``mm_hashes`` as given) whose media key is
+    scoped to a replica: only stage 0 writes those, so it is an engine's copy, or a
+    client's UUID shaped like one (a chat part's ``uuid`` becomes a key as it is), which
+    would overwrite that replica's entry for another request. vLLM's renderer makes
+    plain dicts and lists of str; anything else is refused too, so vLLM reads the keys
+    checked."""
+    for where, part in ((path, rendered), *_rendered_parts(rendered, path)):
+        hashes = part.get("mm_hashes")
+        if hashes is None:
+            continue
+        if not _plain_map(hashes):
+            raise PromptTypeError(
+                f"{where}.mm_hashes", f"must be a dict of lists of str, got {type_name(hashes)}"
+            )
+        for modality, row in hashes.items():
+            if type(row) not in (list, tuple) or not all(type(key) is str for key in row):
+                raise PromptTypeError(
+                    f"{where}.mm_hashes.{modality}", f"must be a list of str, got {type_name(row)}"
+                )
+            for i, key in enumerate(row):
+                refuse_engine_scoped(f"{where}.mm_hashes.{modality}[{i}]", key)
+
+
+def _rendered_parts(rendered: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    """An encoder-decoder input's two rendered parts, each a plain dict, with their paths."""
+    parts = []
+    for name in ("encoder_prompt", "decoder_prompt"):
+        part = rendered.get(name)
+        if part is None:
+            continue
+        if not _plain_map(part):
+            raise PromptTypeError(f"{path}.{name}", f"must be a dict, got {type_name(part)}")
+        parts.append((f"{path}.{name}", part))
+    return parts
 
 
 def _read_alike(prompt: object) -> TypeGuard[dict[str, Any]]:
@@ -459,11 +500,14 @@ def scope_stage0(
       record): what ``process_inputs`` takes.
     - passed through, ``(None, prompts)`` with ``prompts`` itself: stage 0 has one
       live replica (or none) or is a diffusion stage; ``prompts`` is already an engine
-      request; no prompt carries ``multi_modal_data``; or ``pool.select`` returned
-      ``None``. A record scoped earlier (a retry) is never passed on in its old scope,
-      whose keys would name the old replica's cache: with one live replica it is scoped
-      to that one (with the request's other prompts), and elsewhere it comes back
-      unscoped (in a new list where it is in a batch), or, when it carries a
+      request; no prompt carries ``multi_modal_data`` (a rendered input, a dict with a
+      ``type``, carries ``mm_hashes`` instead, made before a replica was chosen: one
+      scoped to a replica, or not held by plain dicts and lists of str, is refused by
+      name); or ``pool.select`` returned ``None``. A record scoped earlier (a retry) is
+      never passed on in its old scope, whose keys would name the old replica's cache:
+      with one live replica it is scoped to that one (with the request's other
+      prompts), and elsewhere it comes back unscoped (in a new list where it is in a
+      batch), or, when it carries a
       :class:`~omni_requests.KeyPolicy` and no replica could be chosen (none live,
       ``select`` returned ``None``), it is refused by name rather than sent without it.
       Except on a diffusion stage, a prompt goes on as the dict of the record read from

@@ -900,6 +900,40 @@ def test_a_dict_changed_by_the_callers_code_after_its_check_goes_on_as_it_was_re
     assert sent is not victim and sent["multi_modal_uuids"] == {"image": ["c1", "c2"]}
 
 
+def test_a_rendered_inputs_media_keys_are_checked_as_vllm_reads_them() -> None:
+    # vLLM keys a rendered input's media by its mm_hashes, read by [] and [i] (see
+    # tests/vllm/test_template_reuse.py for a real one); here only their shape matters.
+    def rendered(hashes: Any) -> dict[str, Any]:
+        return {
+            "type": "multimodal",
+            "prompt_token_ids": [1, 2],
+            "mm_kwargs": {},
+            "mm_hashes": hashes,
+            "mm_placeholders": {},
+        }
+
+    scoped = "stage0:rep0:abc"
+    for pool in (_pool(2, lambda _: 1), *PASSING_POOLS):
+        pair = {
+            "type": "enc_dec",
+            "encoder_prompt": rendered({"image": [scoped]}),
+            "decoder_prompt": rendered({}),
+        }
+        with pytest.raises(InvalidPromptError, match="already scoped") as caught:
+            scope_stage0(pair, pool=pool, hasher=HASHER)
+        assert caught.value.path == "$.encoder_prompt.mm_hashes.image[0]"
+        for hashes, path in (
+            ({"image": IndexedAs(["abc"], [scoped])}, "$.mm_hashes.image"),
+            ({"image": [_Uuid(scoped)]}, "$.mm_hashes.image"),
+            (types.MappingProxyType({"image": ["abc"]}), "$.mm_hashes"),
+        ):
+            with pytest.raises(PromptTypeError) as caught:
+                scope_stage0(rendered(hashes), pool=pool, hasher=HASHER)
+            assert caught.value.path == path
+        clean = rendered({"image": ["abc", "abc"]})  # vLLM's own keys: the same image twice
+        assert scope_stage0(clean, pool=pool, hasher=HASHER) == (None, clean)
+
+
 def test_an_engine_scoped_uuid_is_refused_on_every_road_media_or_not() -> None:
     scoped = {"prompt": "x", "multi_modal_uuids": {"image": ["stage0:rep1:abc"]}}
     for pool in (_pool(2, lambda _: 1), *PASSING_POOLS):

@@ -29,7 +29,8 @@ from typing import Any
 import attrs
 import numpy as np
 from _engine import features, render, same_features
-from _tiny_models import TinyModel
+from _tiny_models import TinyModel, build_input_processor
+from vllm import SamplingParams
 from vllm.multimodal.cache import LruKeyReplicatedReceiverCache
 from vllm.multimodal.hasher import MultiModalHasher
 
@@ -315,3 +316,33 @@ def test_stage0_hands_vllm_what_it_checked_where_nothing_is_scoped(
     keys, served = Deployment(fresh_renderer("qwen2_vl")).serve(sent, 0)
     assert keys == ["clip", "clip"]
     assert all(same_features(got, own_features[id(first)]) for got in served)
+
+
+def test_a_rendered_input_keyed_under_a_replicas_scope_is_refused(
+    qwen2_vl: TinyModel, fresh_renderer: Any
+) -> None:
+    # vLLM's process_inputs takes a dict with a "type" as rendered and keys its media by
+    # its mm_hashes as given: one naming a replica's scoped key would overwrite that
+    # replica's entry for another request. (A chat part's uuid becomes such a key.)
+    hasher = MediaHasher(qwen2_vl.model_id)
+    prompt = {"prompt": qwen2_vl.prompt(video=1), "multi_modal_data": {"video": COPY_VIDEOS[0]}}
+    renderer = fresh_renderer("qwen2_vl")
+    rendered = render(renderer, prompt)
+    forged = {**rendered, "mm_hashes": {"video": [f"stage0:rep1:{hasher.key('video', TEMPLATE_VIDEO)}"]}}
+    processor = build_input_processor(renderer)
+    request = processor.process_inputs("forged", forged, SamplingParams(max_tokens=1), ("generate",))
+    assert [feature.identifier for feature in request.mm_features] == forged["mm_hashes"][
+        "video"
+    ]  # vLLM keys it so
+
+    for pool in (
+        Stage0Pool(replicas=2, select=lambda _: 1),
+        Stage0Pool(replicas=1, select=lambda _: 0),
+        Stage0Pool(replicas=2, select=lambda _: None),
+    ):
+        with pytest.raises(InvalidPromptError, match="already scoped") as caught:
+            scope_stage0(["text", forged], pool=pool, hasher=hasher)
+        assert caught.value.path == "$[1].mm_hashes.video[0]"
+        # Unforged, it goes on as it is: rendered before stage 0 chose a replica, its keys
+        # (and the frontend cache's lookups under them) cannot be scoped any more.
+        assert scope_stage0(rendered, pool=pool, hasher=hasher) == (None, rendered)
