@@ -112,8 +112,15 @@ def test_without_namespaces_a_uuid_equal_to_a_content_hash_aliases_that_item(has
     p = TextPrompt(
         prompt="x", multi_modal_data={"image": [a, b]}, multi_modal_uuids={"image": [None, forged]}
     )
-    default = _keys(scope_to_replica(p, 0, hasher=hasher))
-    assert default[0] == default[1]  # the threat: b would be served a's cached features
+    # Within one prompt the alias is refused where the keys are made ...
+    with pytest.raises(InvalidPromptError, match="is the content key of"):
+        _keys(scope_to_replica(p, 0, hasher=hasher))
+    # ... across requests it is the threat: b under a's key, served a's cached features.
+    first = TextPrompt(prompt="x", multi_modal_data={"image": a})
+    later = TextPrompt(prompt="x", multi_modal_data={"image": b}, multi_modal_uuids={"image": forged})
+    assert _keys(scope_to_replica(first, 0, hasher=hasher)) == _keys(
+        scope_to_replica(later, 0, hasher=hasher)
+    )
     separated = _keys(scope_to_replica(p, 0, hasher=hasher, policy=KeyPolicy(namespaces=True)))
     assert separated == [f"stage0:rep0:{forged}", f"stage0:rep0:user:{forged}"]
 

@@ -37,6 +37,7 @@ from omni_requests import (
     PromptTypeError,
     TextPrompt,
     TokensPrompt,
+    media_keys,
     rendered_uuids,
     scope_to_replica,
     wire,
@@ -1753,3 +1754,36 @@ def test_an_image_that_is_also_a_container_is_refused_by_name() -> None:
     with pytest.raises(PromptTypeError, match="both a container and an image") as caught:
         TextPrompt(prompt="x", multi_modal_data={"image": [image]})
     assert caught.value.path == "$.multi_modal_data.image[0]"
+
+
+def test_a_uuid_that_is_another_items_content_key_is_refused_where_keys_are_made() -> None:
+    # The engine keys an item without a UUID by its content: a UUID equal to that key is
+    # one cache entry for two items (tests/vllm/test_template_reuse.py shows it served).
+    hasher = MediaHasher("m")
+    image, other = np.zeros((4, 4, 3), np.uint8), np.ones((4, 4, 3), np.uint8)
+    clash = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": [image, other]},
+        multi_modal_uuids={"image": [hasher.key("image", other), None]},
+    )
+    for make_keys in (
+        lambda: media_keys(clash, hasher),
+        lambda: to_vllm(scope_to_replica(clash, 1, hasher=hasher)),
+        lambda: scope_stage0(clash, pool=Stage0Pool(replicas=1, select=lambda _: 0), hasher=hasher),
+    ):
+        with pytest.raises(
+            InvalidPromptError, match=r"is the content key of multi_modal_data\['image'\]\[1\]"
+        ) as caught:
+            make_keys()
+        assert caught.value.path == "$.multi_modal_uuids.image[0]"
+
+    # Taken: the UUID is the item's own content key; and a policy that namespaces user
+    # UUIDs renders the two keys apart.
+    own = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": [other, other.copy()]},
+        multi_modal_uuids=dict(clash.multi_modal_uuids),
+    )
+    assert len(set(to_vllm(scope_to_replica(own, 1, hasher=hasher))["multi_modal_uuids"]["image"])) == 1
+    apart = to_vllm(scope_to_replica(clash, 1, hasher=hasher, policy=KeyPolicy(namespaces=True)))
+    assert len(set(apart["multi_modal_uuids"]["image"])) == 2

@@ -8,6 +8,7 @@ dicts come back as fresh dicts, records as new records.
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final, Generic, Literal, NamedTuple, TypeGuard, TypeVar, overload
@@ -173,6 +174,30 @@ def _goes_as_read(prompt: object, path: str) -> bool:
         _refuse_scoped_hashes(prompt, path)
         return False  # vLLM takes it as rendered: its keys are its own, read as they are
     return not _read_alike(prompt) or _uuid_repeats(prompt, path, set())
+
+
+# A content key's shape: the hex digest of blake3 or sha256 (64 digits) or sha512 (128).
+_DIGEST: Final = re.compile(r"[0-9a-f]{64}|[0-9a-f]{128}")
+
+
+def _names_a_digest(prompt: object) -> bool:
+    """Whether a record, or a prompt dict read alike (``_read_alike``), gives an item a
+    UUID shaped like a content key (in either part of a pair)."""
+    if isinstance(prompt, EncoderDecoderPrompt):
+        return _names_a_digest(prompt.encoder_prompt) or _names_a_digest(prompt.decoder_prompt)
+    if isinstance(prompt, SINGLE_KINDS):
+        rows: Iterable[Any] = prompt.multi_modal_uuids.values()
+    elif isinstance(prompt, dict):
+        if "encoder_prompt" in prompt:
+            return any(_names_a_digest(prompt.get(part)) for part in ("encoder_prompt", "decoder_prompt"))
+        rows = (prompt.get("multi_modal_uuids") or {}).values()
+    else:
+        return False
+    return any(
+        type(uuid) is str and _DIGEST.fullmatch(uuid) is not None
+        for row in rows
+        for uuid in ([row] if isinstance(row, str) else row or ())
+    )
 
 
 def _refuse_scoped_hashes(rendered: dict[str, Any], path: str) -> None:
@@ -584,6 +609,11 @@ def scope_stage0(
         # given new media), refused above, would reach it as they are: the old media's,
         # still cached on that replica when it was one of several. A scoped record with
         # media is scoped to the one replica instead, below: its old scope would be such keys.
+        named = [i for i, item in enumerate(items) if _names_a_digest(item)]
+        if named:
+            # A UUID shaped like a content key: keying the prompt refuses one that is
+            # another item's content key (vLLM would key both alike). Rare: only then.
+            _Request([items[i] for i in named], hasher, lambda k: at(named[k])).bases()
         return Stage0Result(
             None, _unscoped(prompts, batch, None if pool.replicas else "stage 0 has no live replica")
         )

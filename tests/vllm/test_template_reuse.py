@@ -318,6 +318,15 @@ def test_stage0_hands_vllm_what_it_checked_where_nothing_is_scoped(
     assert all(same_features(got, own_features[id(first)]) for got in served)
 
 
+def _every_road() -> tuple[Stage0Pool, ...]:
+    """Stage 0 scoping to replica 1, passing through on one replica, and choosing none."""
+    return (
+        Stage0Pool(replicas=2, select=lambda _: 1),
+        Stage0Pool(replicas=1, select=lambda _: 0),
+        Stage0Pool(replicas=2, select=lambda _: None),
+    )
+
+
 def test_a_rendered_input_keyed_under_a_replicas_scope_is_refused(
     qwen2_vl: TinyModel, fresh_renderer: Any
 ) -> None:
@@ -335,14 +344,40 @@ def test_a_rendered_input_keyed_under_a_replicas_scope_is_refused(
         "video"
     ]  # vLLM keys it so
 
-    for pool in (
-        Stage0Pool(replicas=2, select=lambda _: 1),
-        Stage0Pool(replicas=1, select=lambda _: 0),
-        Stage0Pool(replicas=2, select=lambda _: None),
-    ):
+    for pool in _every_road():
         with pytest.raises(InvalidPromptError, match="already scoped") as caught:
             scope_stage0(["text", forged], pool=pool, hasher=hasher)
         assert caught.value.path == "$[1].mm_hashes.video[0]"
         # Unforged, it goes on as it is: rendered before stage 0 chose a replica, its keys
         # (and the frontend cache's lookups under them) cannot be scoped any more.
         assert scope_stage0(rendered, pool=pool, hasher=hasher) == (None, rendered)
+
+
+def test_a_uuid_that_is_another_items_content_key_is_refused(
+    qwen2_vl: TinyModel, fresh_renderer: Any, own_features: dict[int, dict[str, Any]]
+) -> None:
+    # vLLM keys an item without a UUID by its content: a UUID equal to that key names
+    # the same cache entry, and one of the two videos is served the other's features.
+    hasher = MediaHasher(qwen2_vl.model_id)
+    first, second = TEMPLATE_VIDEO, COPY_VIDEOS[0]
+    clash = {
+        "prompt": qwen2_vl.prompt(video=2),
+        "multi_modal_data": {"video": [first, second]},
+        "multi_modal_uuids": {"video": [hasher.key("video", second), None]},
+    }
+    keys, served = Deployment(fresh_renderer("qwen2_vl")).serve(clash, 0)
+    assert keys[0] == keys[1] and same_features(served[1], own_features[id(first)])  # the hazard
+
+    for pool in _every_road():
+        with pytest.raises(InvalidPromptError, match="is the content key of multi_modal_data") as caught:
+            scope_stage0(["text", clash], pool=pool, hasher=hasher)
+        assert caught.value.path == "$[1].multi_modal_uuids.video[0]"
+    with pytest.raises(InvalidPromptError, match="is the content key"):  # keys are made as it renders
+        to_vllm(scope_to_replica(from_vllm(clash), 0, hasher=hasher))
+
+    # The UUID of an item that is its own content key names one media: taken, as vLLM
+    # serves both their own (equal) features.
+    same = {**clash, "multi_modal_data": {"video": [second, second.copy()]}}
+    _, sent = scope_stage0(same, pool=Stage0Pool(replicas=1, select=lambda _: 0), hasher=hasher)
+    keys, served = Deployment(fresh_renderer("qwen2_vl")).serve(sent, 0)
+    assert keys[0] == keys[1] and all(same_features(got, own_features[id(second)]) for got in served)
