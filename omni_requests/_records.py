@@ -833,7 +833,7 @@ def _convert_uuids(value: MediaUUIDsInput | None) -> MediaUUIDs:
         elif not isinstance(uuids, (list, tuple, PVector)):
             raise PromptTypeError(where, f"must be a str or a list of str or None, got {type_name(uuids)}")
         row = read_elements(uuids, where)
-        frozen[modality] = pvector([_check_uuid(f"{where}[{i}]", uuid) for i, uuid in enumerate(row)])
+        frozen[modality] = pvector([check_uuid(f"{where}[{i}]", uuid) for i, uuid in enumerate(row)])
     return frozen_map(frozen, "uuids") if frozen else _EMPTY
 
 
@@ -847,7 +847,9 @@ def refuse_engine_scoped(path: str, uuid: str) -> None:
         )
 
 
-def _check_uuid(path: str, uuid: object) -> str | None:
+def check_uuid(path: str, uuid: object) -> str | None:
+    """``uuid`` as a record keeps it (a plain str, or None), or our error naming ``path``:
+    not a str, empty, engine-scoped, a policy's prefix, or text no key can hold."""
     if uuid is None:
         return None
     if not isinstance(uuid, str):

@@ -28,6 +28,7 @@ from omni_requests import (
 from omni_requests._adapter_api import (
     SINGLE_KINDS,
     check_index,
+    check_uuid,
     key_bases,
     one_request,
     refuse_engine_scoped,
@@ -274,8 +275,8 @@ def _is_uuid(value: object) -> bool:
 
 
 def _uuid_repeats(prompt: dict[str, Any], path: str, seen: set[str]) -> bool:
-    """Refuses a plain dict's engine-scoped UUID; True where a UUID repeats one in ``seen``
-    (which gathers a pair's two parts)."""
+    """Refuses a plain dict's UUID that a record refuses (engine-scoped, empty, a policy's
+    prefix); True where a UUID repeats one in ``seen`` (which gathers a pair's two parts)."""
     if "encoder_prompt" in prompt:
         repeats = False
         for part in ("encoder_prompt", "decoder_prompt"):
@@ -291,7 +292,7 @@ def _uuid_repeats(prompt: dict[str, Any], path: str, seen: set[str]) -> bool:
         where = f"{path}.multi_modal_uuids.{modality}"
         for i, uuid in enumerate([row] if type(row) is str else row or ()):
             if uuid is not None:
-                refuse_engine_scoped(f"{where}[{i}]", uuid)
+                check_uuid(f"{where}[{i}]", uuid)  # what a record refuses in a UUID
                 repeats = repeats or uuid in seen
                 seen.add(uuid)
     return repeats

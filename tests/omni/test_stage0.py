@@ -761,6 +761,9 @@ def test_where_nothing_is_scoped_vllm_is_handed_what_was_checked(pool: Stage0Poo
     for row, refusal in (
         (pvector(["a", scoped]), "already scoped"),
         (IndexedAs(["a", "a"], ["a", "b"]), "UUID 'a' also names"),
+        (["a", ""], "must not be empty"),  # plain rows too: what a record refuses in a UUID
+        (["a", "tenant:acme:user:cat"], "starts with 'tenant:'"),
+        (["a", "bound:x"], "starts with 'bound:'"),
     ):
         with pytest.raises(InvalidPromptError, match=refusal) as caught:
             scope_stage0([plain, {**plain, "multi_modal_uuids": {"image": row}}], pool=pool, hasher=HASHER)
