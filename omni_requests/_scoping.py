@@ -300,9 +300,10 @@ def _derive(
     reuse = _REQUEST.get()
     if reuse is not None and reuse.hasher is not hasher and reuse.hasher != hasher:
         reuse = None
-    # Rendered keys (bare where unscoped) of items with a user UUID, and of items keyed by
-    # their content: one key for both would be one cache entry.
-    text = None if prompt.scope is None else key_text(prompt.scope)
+    # Items with a user UUID, and items keyed by their content digest: a UUID equal to a
+    # digest is one cache entry for both, unscoped or under the default policy. Compared
+    # bare whatever the scope's policy (one that renders them apart is refused too): the
+    # bases are remembered with the media, across a template's scopes.
     named: dict[str, tuple[str, int, object]] = {}
     hashed: dict[str, tuple[str, int]] = {}
     for modality, items, given in prompt._view:
@@ -319,7 +320,7 @@ def _derive(
                     fixed = fixed and is_frozen_item(item)
                 row.append(user(uuid, fingerprint))
                 if item is not None:
-                    named[uuid if text is None else text.user_key(uuid, fingerprint)] = (modality, i, item)
+                    named[uuid] = (modality, i, item)
             elif item is None:
                 row.append(None)
             elif hasher is None:
@@ -332,41 +333,34 @@ def _derive(
                 fixed = fixed and is_frozen_item(item)
                 key_of = hasher._content_key if reuse is None else reuse.content_key
                 digest = _keyed(key_of, modality, i, item)
-                hashed[digest if text is None else text.content_key(digest)] = (modality, i)
+                hashed[digest] = (modality, i)
                 row.append(content(digest))
         keys[modality] = row
     if hashed and named:
-        _refuse_uuid_as_content_key(prompt, named, hashed, hasher, reuse)
+        _refuse_uuid_as_content_key(named, hashed, hasher, reuse)
     return keys, fixed
 
 
 def _refuse_uuid_as_content_key(
-    prompt: SinglePrompt,
     named: dict[str, tuple[str, int, object]],
     hashed: dict[str, tuple[str, int]],
     hasher: MediaHasher | None,
     reuse: Any,
 ) -> None:
-    """Refuses a user UUID whose key is the content key of another item of the prompt,
-    which is other media: the engine would hold both under one cache entry."""
-    for key in named.keys() & hashed.keys():
-        modality, i, item = named[key]
+    """Refuses a user UUID that is the content key of another item of the prompt, which
+    is other media: the engine would hold both under one cache entry."""
+    for uuid in named.keys() & hashed.keys():
+        modality, i, item = named[uuid]
         key_of = hasher._content_key if reuse is None else reuse.content_key  # type: ignore[union-attr]
-        if _keyed(key_of, modality, i, item) == _hashed_digest(key, prompt):
+        if _keyed(key_of, modality, i, item) == uuid:
             continue  # the UUID is this item's own content key: one media, one entry
-        other, j = hashed[key]
-        uuid = prompt.multi_modal_uuids[modality][i]
+        other, j = hashed[uuid]
         raise InvalidPromptError(
             f"$.multi_modal_uuids.{modality}[{i}]",
             f"UUID {uuid!r} is the content key of multi_modal_data[{other!r}][{j}], which is other "
             "media; the engine keys that item by its content, so one of the two would be served "
             "the other's features. Give this item another UUID",
         )
-
-
-def _hashed_digest(key: str, prompt: SinglePrompt) -> str:
-    """The content digest inside a content key rendered in ``prompt``'s scope."""
-    return key if prompt.scope is None else key[len(key_text(prompt.scope).content) :]
 
 
 def media_keys(

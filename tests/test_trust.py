@@ -1777,13 +1777,27 @@ def test_a_uuid_that_is_another_items_content_key_is_refused_where_keys_are_made
             make_keys()
         assert caught.value.path == "$.multi_modal_uuids.image[0]"
 
-    # Taken: the UUID is the item's own content key; and a policy that namespaces user
-    # UUIDs renders the two keys apart.
+    # Taken: the UUID is the item's own content key (one media, one entry).
     own = TextPrompt(
         prompt="x",
         multi_modal_data={"image": [other, other.copy()]},
         multi_modal_uuids=dict(clash.multi_modal_uuids),
     )
     assert len(set(to_vllm(scope_to_replica(own, 1, hasher=hasher))["multi_modal_uuids"]["image"])) == 1
-    apart = to_vllm(scope_to_replica(clash, 1, hasher=hasher, policy=KeyPolicy(namespaces=True)))
-    assert len(set(apart["multi_modal_uuids"]["image"])) == 2
+
+    # Refused whatever the policy: routing's bases are remembered across a template's
+    # scopes, so one that rendered the two apart must not let the template through later.
+    with pytest.raises(InvalidPromptError, match="is the content key"):
+        to_vllm(scope_to_replica(clash, 1, hasher=hasher, policy=KeyPolicy(namespaces=True)))
+    with pytest.raises(InvalidPromptError, match="is the content key"):
+        scope_stage0(clash, pool=Stage0Pool(replicas=1, select=lambda _: 0), hasher=hasher)
+
+    # Every digest shape: sha512's 128 digits too.
+    long = MediaHasher("m", "sha512")
+    clash512 = TextPrompt(
+        prompt="x",
+        multi_modal_data={"image": [image, other]},
+        multi_modal_uuids={"image": [long.key("image", other), None]},
+    )
+    with pytest.raises(InvalidPromptError, match="is the content key"):
+        scope_stage0(clash512, pool=Stage0Pool(replicas=1, select=lambda _: 0), hasher=long)

@@ -8,6 +8,7 @@ dicts come back as fresh dicts, records as new records.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,6 +33,7 @@ from omni_requests._adapter_api import (
     key_bases,
     one_request,
     refuse_engine_scoped,
+    thaw,
     type_name,
     unreadable,
     unscoped,
@@ -46,6 +48,8 @@ __all__ = ["Stage0Pool", "Stage0Result", "scope_stage0"]
 _T = TypeVar("_T")
 _RECORDS = (*SINGLE_KINDS, EncoderDecoderPrompt)
 _RECORDS_OR_STR = (*_RECORDS, str)
+# What most prompts are, told apart without the abstract Mapping check (a few hundred ns).
+_NEVER_MAPPINGS: Final = frozenset((*_RECORDS_OR_STR, list))
 
 
 def _replica_ids(value: object) -> tuple[int, ...]:
@@ -169,7 +173,7 @@ def _goes_as_read(prompt: object, path: str) -> bool:
     nothing is scoped). Where a UUID repeats, the rule compares the items under it, which
     vLLM reads again too: such a prompt also goes on as what was compared. A plain dict's
     engine-scoped UUID is refused here, at ``path``; the records refuse the rest."""
-    if not isinstance(prompt, Mapping):
+    if type(prompt) in _NEVER_MAPPINGS or not isinstance(prompt, Mapping):
         return False
     if _plain_map(prompt) and "type" in prompt:
         _refuse_scoped_hashes(prompt, path)
@@ -199,6 +203,76 @@ def _names_a_digest(prompt: object) -> bool:
         for row in rows
         for uuid in ([row] if isinstance(row, str) else row or ())
     )
+
+
+def _refuse_digest_aliases(items: list[object], hasher: MediaHasher, at: Callable[[int], str]) -> None:
+    """Where nothing is scoped, vLLM keys an item without a UUID by its content: refuses a
+    UUID that is that key of another item of its prompt. Keys only prompts with a UUID
+    shaped like a digest (rare), so others cost nothing."""
+    named = [i for i, item in enumerate(items) if _names_a_digest(item)]
+    if named:
+        request = _Request([items[i] for i in named], hasher, lambda k: at(named[k]))
+        request.bases()  # the library's content keys (the core refuses an alias of those)
+        _refuse_vllm_aliases(request, list(range(len(named))))
+
+
+def _refuse_vllm_aliases(request: _Request, indices: list[int]) -> None:
+    """Refuses a UUID equal to vLLM's own key of another item of its prompt, for the forms
+    vLLM keys otherwise than ``content_key`` (``docs/vllm-parity.md``): a video as a list
+    of frames (vLLM hashes ``np.array(frames)``) or ``(frames, metadata)`` (the frames),
+    audio as ``(samples, rate)`` (the samples, at the model's rate) or a list of floats."""
+    for index in indices:
+        record = request.records[index]
+        parts = _parts(record) if isinstance(record, _RECORDS) else []
+        for name, part in zip(_PART_NAMES if len(parts) == 2 else ("",), parts, strict=False):
+            if part is not None:
+                _refuse_part_aliases(part, request.hasher, request._at(index) + name)
+
+
+def _refuse_part_aliases(part: Any, hasher: MediaHasher, path: str) -> None:
+    digests = {
+        uuid: (modality, i)
+        for modality, row in part.multi_modal_uuids.items()
+        for i, uuid in enumerate(row)
+        if uuid is not None and _DIGEST.fullmatch(uuid)
+    }
+    if not digests:
+        return
+    for modality, items in part.multi_modal_data.items():
+        given = part.multi_modal_uuids.get(modality)
+        for j, item in enumerate(items):
+            if item is None or (given is not None and given[j] is not None):
+                continue
+            for key in _vllm_forms_keys(hasher, modality, item) & digests.keys():
+                named_modality, i = digests[key]
+                named_item = part.multi_modal_data[named_modality][i]
+                if named_item is not None and key in _vllm_forms_keys(hasher, named_modality, named_item):
+                    continue  # vLLM keys the named item so too: one media
+                raise InvalidPromptError(
+                    f"{path}.multi_modal_uuids.{named_modality}[{i}]",
+                    f"UUID {key!r} is vLLM's key of multi_modal_data[{modality!r}][{j}], which is "
+                    "other media; vLLM keys that item by its content, so one of the two would be "
+                    "served the other's features. Give this item another UUID",
+                )
+
+
+def _vllm_forms_keys(hasher: MediaHasher, modality: str, item: object) -> set[str]:
+    """The keys vLLM may give ``item`` (a record's): ``content_key``, and for the forms it
+    parses otherwise, the key of what its parser hashes."""
+    plain = thaw(item)
+    keys = {hasher.content_key(modality, plain)}
+    forms: list[object] = []
+    if modality == "video" and isinstance(plain, tuple) and len(plain) == 2:
+        forms.append(plain[0])  # (frames, metadata): the frames alone on most models
+        plain = plain[0]
+    if isinstance(plain, list):
+        forms.append(np.array(plain))  # frames, or samples as floats
+    if modality == "audio" and isinstance(plain, tuple) and len(plain) == 2:
+        forms.append(plain[0])  # resampled to the model's rate, or as given at that rate
+    for form in forms:
+        with contextlib.suppress(Exception):  # a form vLLM's hasher would refuse too
+            keys.add(hasher.key(modality, form))
+    return keys
 
 
 def _refuse_scoped_hashes(rendered: dict[str, Any], path: str) -> None:
@@ -610,11 +684,7 @@ def scope_stage0(
         # given new media), refused above, would reach it as they are: the old media's,
         # still cached on that replica when it was one of several. A scoped record with
         # media is scoped to the one replica instead, below: its old scope would be such keys.
-        named = [i for i, item in enumerate(items) if _names_a_digest(item)]
-        if named:
-            # A UUID shaped like a content key: keying the prompt refuses one that is
-            # another item's content key (vLLM would key both alike). Rare: only then.
-            _Request([items[i] for i in named], hasher, lambda k: at(named[k])).bases()
+        _refuse_digest_aliases(items, hasher, at)
         return Stage0Result(
             None, _unscoped(prompts, batch, None if pool.replicas else "stage 0 has no live replica")
         )
@@ -629,6 +699,8 @@ def scope_stage0(
         bases = request.bases()
         replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: bases))
         if replica is None:
+            # vLLM keys the items without a UUID itself: no UUID may be its key of another.
+            _refuse_vllm_aliases(request, [i for i, item in enumerate(items) if _names_a_digest(item)])
             # Keying and select ran the caller's code (a policy, an image's own loader),
             # which could change the dicts since they were checked: they go on as read.
             read = request.dicts_as_read()

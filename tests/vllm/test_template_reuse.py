@@ -375,6 +375,16 @@ def test_a_uuid_that_is_another_items_content_key_is_refused(
     with pytest.raises(InvalidPromptError, match="is the content key"):  # keys are made as it renders
         to_vllm(scope_to_replica(from_vllm(clash), 0, hasher=hasher))
 
+    # Where nothing is scoped vLLM keys the items itself: a video given as a list of
+    # frames it keys by np.array(frames), which the UUID may be too.
+    frames = {**clash, "multi_modal_data": {"video": [first, list(second)]}}
+    keys, served = Deployment(fresh_renderer("qwen2_vl")).serve(frames, 0)
+    assert keys[0] == keys[1] and same_features(served[1], own_features[id(first)])
+    for pool in _every_road()[1:]:
+        with pytest.raises(InvalidPromptError, match="is vLLM's key of multi_modal_data") as caught:
+            scope_stage0(frames, pool=pool, hasher=hasher)
+        assert caught.value.path == "$.multi_modal_uuids.video[0]"
+
     # The UUID of an item that is its own content key names one media: taken, as vLLM
     # serves both their own (equal) features.
     same = {**clash, "multi_modal_data": {"video": [second, second.copy()]}}
