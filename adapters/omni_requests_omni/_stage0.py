@@ -30,6 +30,7 @@ from omni_requests._adapter_api import (
     SINGLE_KINDS,
     check_index,
     check_uuid,
+    is_torch_tensor,
     key_bases,
     one_request,
     refuse_engine_scoped,
@@ -230,11 +231,12 @@ def _refuse_vllm_aliases(request: _Request, indices: list[int]) -> None:
 
 
 def _refuse_part_aliases(part: Any, hasher: MediaHasher, path: str) -> None:
-    digests = {
+    data = part.multi_modal_data
+    digests = {  # a cached-only item (None) names the media it keys: not checked
         uuid: (modality, i)
         for modality, row in part.multi_modal_uuids.items()
         for i, uuid in enumerate(row)
-        if uuid is not None and _DIGEST.fullmatch(uuid)
+        if uuid is not None and _DIGEST.fullmatch(uuid) and modality in data and data[modality][i] is not None
     }
     if not digests:
         return
@@ -245,8 +247,7 @@ def _refuse_part_aliases(part: Any, hasher: MediaHasher, path: str) -> None:
                 continue
             for key in _vllm_forms_keys(hasher, modality, item) & digests.keys():
                 named_modality, i = digests[key]
-                named_item = part.multi_modal_data[named_modality][i]
-                if named_item is not None and key in _vllm_forms_keys(hasher, named_modality, named_item):
+                if key in _vllm_forms_keys(hasher, named_modality, data[named_modality][i]):
                     continue  # vLLM keys the named item so too: one media
                 raise InvalidPromptError(
                     f"{path}.multi_modal_uuids.{named_modality}[{i}]",
@@ -257,22 +258,47 @@ def _refuse_part_aliases(part: Any, hasher: MediaHasher, path: str) -> None:
 
 
 def _vllm_forms_keys(hasher: MediaHasher, modality: str, item: object) -> set[str]:
-    """The keys vLLM may give ``item`` (a record's): ``content_key``, and for the forms it
-    parses otherwise, the key of what its parser hashes."""
+    """The keys vLLM may give ``item`` (a record's): ``content_key``, and the key of each
+    form its parser may hash instead (one per model-dependent choice: a candidate that
+    matches nothing only costs a hash)."""
     plain = thaw(item)
     keys = {hasher.content_key(modality, plain)}
-    forms: list[object] = []
-    if modality == "video" and isinstance(plain, tuple) and len(plain) == 2:
-        forms.append(plain[0])  # (frames, metadata): the frames alone on most models
-        plain = plain[0]
-    if isinstance(plain, list):
-        forms.append(np.array(plain))  # frames, or samples as floats
-    if modality == "audio" and isinstance(plain, tuple) and len(plain) == 2:
-        forms.append(plain[0])  # resampled to the model's rate, or as given at that rate
+    try:
+        forms = _vllm_forms(modality, plain)
+    except Exception:  # noqa: BLE001 - a form vLLM's parser could not make either
+        forms = []
     for form in forms:
         with contextlib.suppress(Exception):  # a form vLLM's hasher would refuse too
             keys.add(hasher.key(modality, form))
     return keys
+
+
+def _vllm_forms(modality: str, plain: object) -> list[object]:
+    forms: list[object] = []
+    if modality == "video":
+        if isinstance(plain, tuple) and len(plain) == 2:
+            plain = plain[0]  # (frames, metadata): the frames alone on most models
+            forms.append(plain)
+        if isinstance(plain, list):
+            forms.append(np.array(plain))  # vLLM stacks a list of frames
+    elif modality == "audio":
+        # (samples, rate): the samples (resampled to the model's rate: not known here)
+        samples = plain[0] if isinstance(plain, tuple) and len(plain) == 2 else plain
+        if isinstance(samples, list):
+            samples = np.array(samples)
+        elif is_torch_tensor(samples):
+            samples = samples.detach().cpu().numpy()  # type: ignore[union-attr]
+        forms.append(samples)
+        if isinstance(samples, np.ndarray) and samples.ndim == 2:
+            # A model that takes one channel reduces them, as the model says.
+            channels = samples.T if samples.shape[0] > samples.shape[1] else samples
+            forms += [
+                channels[0],
+                np.mean(channels, axis=0),
+                np.max(channels, axis=0),
+                np.sum(channels, axis=0),
+            ]
+    return forms
 
 
 def _refuse_scoped_hashes(rendered: dict[str, Any], path: str) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 import numpy as np
+import torch
 from _engine import features, render, same_features
 from _tiny_models import TinyModel, build_input_processor
 from vllm import SamplingParams
@@ -391,3 +392,63 @@ def test_a_uuid_that_is_another_items_content_key_is_refused(
     _, sent = scope_stage0(same, pool=Stage0Pool(replicas=1, select=lambda _: 0), hasher=hasher)
     keys, served = Deployment(fresh_renderer("qwen2_vl")).serve(sent, 0)
     assert keys[0] == keys[1] and all(same_features(got, own_features[id(second)]) for got in served)
+
+
+_WAVE = np.random.default_rng(7).standard_normal(1600).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    ("model_name", "modality", "other"),
+    [
+        ("qwen2_vl", "video", (COPY_VIDEOS[0], {"fps": 2.0})),
+        ("qwen2_audio", "audio", (_WAVE, 16000)),
+        ("qwen2_audio", "audio", [float(x) for x in _WAVE[:800]]),
+        ("qwen2_audio", "audio", torch.from_numpy(_WAVE)),
+        ("qwen2_audio", "audio", np.stack([_WAVE, _WAVE[::-1]])),
+    ],
+    ids=[
+        "video_with_metadata",
+        "audio_at_the_models_rate",
+        "audio_as_floats",
+        "audio_tensor",
+        "audio_two_channels",
+    ],
+)
+def test_where_nothing_is_scoped_vllms_own_key_of_another_item_is_refused_as_a_uuid(
+    tiny_models: dict[str, TinyModel], fresh_renderer: Any, model_name: str, modality: str, other: Any
+) -> None:
+    # Forms vLLM's parser changes before it hashes: its key of `other` is not our
+    # content_key, so the check must know vLLM's too (docs/vllm-parity.md lists them).
+    model = tiny_models[model_name]
+    first = TEMPLATE_VIDEO if modality == "video" else np.zeros(1600, np.float32)
+    plain = {"prompt": model.prompt(**{modality: 2}), "multi_modal_data": {modality: [first, other]}}
+    vllm_key = render(fresh_renderer(model_name), plain)["mm_hashes"][modality][1]
+    alias = {**plain, "multi_modal_uuids": {modality: [vllm_key, None]}}
+    assert len(set(render(fresh_renderer(model_name), alias)["mm_hashes"][modality])) == 1  # vLLM: one key
+
+    hasher = MediaHasher(model.model_id)
+    for pool in _every_road()[1:]:
+        with pytest.raises(InvalidPromptError, match="key of multi_modal_data") as caught:
+            scope_stage0(alias, pool=pool, hasher=hasher)
+        assert caught.value.path == f"$.multi_modal_uuids.{modality}[0]"
+
+
+def test_the_vllm_key_check_refuses_by_name_and_takes_a_cached_item_under_its_own_key() -> None:
+    hasher = MediaHasher("m")
+    digest = "a" * 64
+    ragged = [np.zeros((28, 28, 3), np.uint8), np.zeros((14, 28, 3), np.uint8)]
+    for pool in _every_road()[1:]:
+        # Frames vLLM cannot stack: not keyed in that form (vLLM fails on them too).
+        prompt = {
+            "prompt": "x",
+            "multi_modal_data": {"video": [TEMPLATE_VIDEO, ragged]},
+            "multi_modal_uuids": {"video": [digest, None]},
+        }
+        scope_stage0(prompt, pool=pool, hasher=hasher)
+        # A cached-only item under the key of the media the prompt sends names that media.
+        cached = {
+            "prompt": "x",
+            "multi_modal_data": {"video": [None, list(TEMPLATE_VIDEO)]},
+            "multi_modal_uuids": {"video": [hasher.key("video", TEMPLATE_VIDEO), None]},
+        }
+        scope_stage0(cached, pool=pool, hasher=hasher)
