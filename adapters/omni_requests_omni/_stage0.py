@@ -742,5 +742,4 @@ def scope_stage0(
                 f"live replicas: {list(pool.replicas)}",
             )
         scoped = [request.scoped(i, chosen, as_dicts) for i in range(len(items))]
-    result: Any = (tuple(scoped) if isinstance(prompts, tuple) else scoped) if many else scoped[0]
-    return Stage0Result(chosen, result)
+    return Stage0Result(chosen, _like(prompts, scoped, many))
