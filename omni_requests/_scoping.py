@@ -337,21 +337,19 @@ def _derive(
                 row.append(content(digest))
         keys[modality] = row
     if hashed and named:
-        _refuse_uuid_as_content_key(named, hashed, hasher, reuse)
+        _refuse_uuid_as_content_key(named, hashed, key_of)
     return keys, fixed
 
 
 def _refuse_uuid_as_content_key(
     named: dict[str, tuple[str, int, object]],
     hashed: dict[str, tuple[str, int]],
-    hasher: MediaHasher | None,
-    reuse: Any,
+    key_of: Callable[[str, Any], str],
 ) -> None:
     """Refuses a user UUID that is the content key of another item of the prompt, which
     is other media: the engine would hold both under one cache entry."""
     for uuid in named.keys() & hashed.keys():
         modality, i, item = named[uuid]
-        key_of = hasher._content_key if reuse is None else reuse.content_key  # type: ignore[union-attr]
         if _keyed(key_of, modality, i, item) == uuid:
             continue  # the UUID is this item's own content key: one media, one entry
         other, j = hashed[uuid]

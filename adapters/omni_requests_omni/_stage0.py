@@ -173,7 +173,8 @@ def _goes_as_read(prompt: object, path: str) -> bool:
     ``["a", "b"]`` and indexes ``"a"`` twice would give two images one cache entry where
     nothing is scoped). Where a UUID repeats, the rule compares the items under it, which
     vLLM reads again too: such a prompt also goes on as what was compared. A plain dict's
-    engine-scoped UUID is refused here, at ``path``; the records refuse the rest."""
+    UUID that a record refuses (``check_uuid``) is refused here, at ``path``; the records
+    refuse the rest."""
     if type(prompt) in _NEVER_MAPPINGS or not isinstance(prompt, Mapping):
         return False
     if _plain_map(prompt) and "type" in prompt:
@@ -200,29 +201,27 @@ def _names_a_digest(prompt: object) -> bool:
     else:
         return False
     return any(
-        type(uuid) is str and _DIGEST.fullmatch(uuid) is not None
-        for row in rows
-        for uuid in ([row] if isinstance(row, str) else row or ())
+        type(uuid) is str and _DIGEST.fullmatch(uuid) is not None for row in rows for uuid in _row(row)
     )
 
 
-def _refuse_digest_aliases(items: list[object], hasher: MediaHasher, at: Callable[[int], str]) -> None:
+def _refuse_digest_aliases(
+    items: list[object], hasher: MediaHasher, at: Callable[[int], str], request: _Request | None
+) -> None:
     """Where nothing is scoped, vLLM keys an item without a UUID by its content: refuses a
-    UUID that is that key of another item of its prompt. Keys only prompts with a UUID
-    shaped like a digest (rare), so others cost nothing."""
+    UUID that is that key of another item of its prompt, in the library's content key
+    (the core refuses it as the prompt is keyed) or in a form vLLM hashes instead
+    (``_vllm_forms``). Keys only prompts with a UUID shaped like a digest (rare), so others
+    cost nothing; ``request`` is the call read as records, where it was."""
     named = [i for i, item in enumerate(items) if _names_a_digest(item)]
-    if named:
+    if not named:
+        return
+    indices = named
+    if request is None:  # read only the prompts that need it, named at their places
         request = _Request([items[i] for i in named], hasher, lambda k: at(named[k]))
-        request.bases()  # the library's content keys (the core refuses an alias of those)
-        _refuse_vllm_aliases(request, list(range(len(named))))
-
-
-def _refuse_vllm_aliases(request: _Request, indices: list[int]) -> None:
-    """Refuses a UUID equal to vLLM's own key of another item of its prompt, for the forms
-    vLLM keys otherwise than ``content_key`` (``docs/vllm-parity.md``): a video as a list
-    of frames (vLLM hashes ``np.array(frames)``) or ``(frames, metadata)`` (the frames),
-    audio as ``(samples, rate)`` (the samples, at the model's rate) or a list of floats."""
+        indices = list(range(len(named)))
     for index in indices:
+        request.bases_of(index)
         record = request.records[index]
         parts = _parts(record) if isinstance(record, _RECORDS) else []
         for name, part in zip(_PART_NAMES if len(parts) == 2 else ("",), parts, strict=False):
@@ -374,6 +373,11 @@ def _is_uuid(value: object) -> bool:
     return value is None or type(value) is str
 
 
+def _row(row: Any) -> Any:
+    """A modality's UUIDs as vLLM reads them: a str is one UUID."""
+    return [row] if isinstance(row, str) else row or ()
+
+
 def _uuid_repeats(prompt: dict[str, Any], path: str, seen: set[str]) -> bool:
     """Refuses a plain dict's UUID that a record refuses (engine-scoped, empty, a policy's
     prefix); True where a UUID repeats one in ``seen`` (which gathers a pair's two parts)."""
@@ -390,7 +394,7 @@ def _uuid_repeats(prompt: dict[str, Any], path: str, seen: set[str]) -> bool:
     repeats = False
     for modality, row in uuids.items():
         where = f"{path}.multi_modal_uuids.{modality}"
-        for i, uuid in enumerate([row] if type(row) is str else row or ()):
+        for i, uuid in enumerate(_row(row)):
             if uuid is not None:
                 check_uuid(f"{where}[{i}]", uuid)  # what a record refuses in a UUID
                 repeats = repeats or uuid in seen
@@ -483,8 +487,7 @@ def _unscoped(prompts: object, batch: list[object] | None, why: str | None) -> o
                     )
     if batch is None:
         return unscoped(prompts)  # type: ignore[type-var]
-    fresh = [unscoped(item) if _scopes(item) else item for item in batch]  # type: ignore[type-var]
-    return tuple(fresh) if isinstance(prompts, tuple) else fresh
+    return _like(prompts, [unscoped(item) if _scopes(item) else item for item in batch], True)  # type: ignore[type-var]
 
 
 def _like(prompts: object, items: list[object], many: bool) -> object:
@@ -710,7 +713,7 @@ def scope_stage0(
         # given new media), refused above, would reach it as they are: the old media's,
         # still cached on that replica when it was one of several. A scoped record with
         # media is scoped to the one replica instead, below: its old scope would be such keys.
-        _refuse_digest_aliases(items, hasher, at)
+        _refuse_digest_aliases(items, hasher, at, request)
         return Stage0Result(
             None, _unscoped(prompts, batch, None if pool.replicas else "stage 0 has no live replica")
         )
@@ -726,7 +729,7 @@ def scope_stage0(
         replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: bases))
         if replica is None:
             # vLLM keys the items without a UUID itself: no UUID may be its key of another.
-            _refuse_vllm_aliases(request, [i for i, item in enumerate(items) if _names_a_digest(item)])
+            _refuse_digest_aliases(items, hasher, at, request)
             # Keying and select ran the caller's code (a policy, an image's own loader),
             # which could change the dicts since they were checked: they go on as read.
             read = request.dicts_as_read()
