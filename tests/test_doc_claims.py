@@ -241,14 +241,19 @@ def test_decoding_memory_is_about_the_size_of_media_and_a_few_hundred_times_for_
     import tracemalloc
 
     def ratio(record: TextPrompt) -> float:
+        # The least of three decodes: a decode can also grow a table every record shares
+        # (the registry of records' own arrays), once, by an amount set by how many arrays
+        # the process holds (a 24 KiB message measured 1.9x once in CI, after 2,000 tests).
         message = wire.encode(record)
-        tracemalloc.start()
-        try:
-            wire.decode(message)
-            peak = tracemalloc.get_traced_memory()[1]
-        finally:
-            tracemalloc.stop()
-        return peak / len(message)
+        peaks = []
+        for _ in range(3):
+            tracemalloc.start()
+            try:
+                wire.decode(message)
+                peaks.append(tracemalloc.get_traced_memory()[1])
+            finally:
+                tracemalloc.stop()
+        return min(peaks) / len(message)
 
     frames = np.random.default_rng(0).integers(0, 256, (8, 128, 128, 3), dtype=np.uint8)  # 384 KiB
     assert ratio(TextPrompt(prompt="x", multi_modal_data={"video": frames})) < 2.5
