@@ -205,24 +205,15 @@ def _names_a_digest(prompt: object) -> bool:
     )
 
 
-def _refuse_digest_aliases(
-    items: list[object], hasher: MediaHasher, at: Callable[[int], str], request: _Request | None
-) -> None:
+def _refuse_digest_aliases(request: _Request) -> None:
     """Where nothing is scoped, vLLM keys an item without a UUID by its content: refuses a
     UUID that is that key of another item of its prompt, in the library's content key
     (the core refuses it as the prompt is keyed) or in a form vLLM hashes instead
-    (``_vllm_forms``). Keys only prompts with a UUID shaped like a digest (rare), so others
-    cost nothing; ``request`` is the call read as records, where it was."""
-    named = [i for i, item in enumerate(items) if _names_a_digest(item)]
-    if not named:
-        return
-    indices = named
-    if request is None:  # read only the prompts that need it, named at their places
-        request = _Request([items[i] for i in named], hasher, lambda k: at(named[k]))
-        indices = list(range(len(named)))
-    for index in indices:
+    (``_vllm_forms``). Keys only the prompts with a UUID shaped like a digest (rare)."""
+    for index, record in enumerate(request.records):
+        if not _names_a_digest(record):
+            continue
         request.bases_of(index)
-        record = request.records[index]
         parts = _parts(record) if isinstance(record, _RECORDS) else []
         for name, part in zip(_PART_NAMES if len(parts) == 2 else ("",), parts, strict=False):
             if part is not None:
@@ -468,26 +459,33 @@ def _scopes(item: object) -> list[Any]:
     return [part.scope for part in parts if part is not None and part.scope is not None]
 
 
-def _unscoped(prompts: object, batch: list[object] | None, why: str | None) -> object:
-    """``prompts`` with each scoped record unscoped: where nothing is scoped, a record's old
-    scope would send its keys as scoped to a replica the request may not go to, the old
-    media's there. ``why``: nothing is scoped because no replica was chosen, so a record
-    under a policy is refused (unscoped, it would go out without its protection)."""
+def _unscoped(prompts: object, batch: list[object] | None, why: str | None, as_dicts: bool) -> object:
+    """``prompts`` as they go on where nothing is scoped: each scoped record unscoped (its
+    old scope would send its keys as scoped to a replica the request may not go to, the old
+    media's there), and with ``as_dicts`` each record as its dict. ``why``: nothing is
+    scoped because no replica was chosen, so a record with media under a policy is refused
+    (unscoped, it would go out without its protection)."""
     items = [prompts] if batch is None else batch
-    if not any(_scopes(item) for item in items):
+    changed = [isinstance(item, _RECORDS) and (as_dicts or bool(_scopes(item))) for item in items]
+    if not any(changed):
         return prompts  # the caller's own object, as documented
     if why is not None:
         for i, item in enumerate(items):
             for scope in _scopes(item):
-                if scope.policy != _DEFAULT_POLICY:
+                if scope.policy != _DEFAULT_POLICY and carries_media(item):
                     raise InvalidPromptError(
                         "$" if batch is None else f"$[{i}]",
                         f"is scoped under {scope.policy!r}, and {why}: sent unscoped it would "
                         "lose its policy; send it again once stage 0 can take it",
                     )
-    if batch is None:
-        return unscoped(prompts)  # type: ignore[type-var]
-    return _like(prompts, [unscoped(item) if _scopes(item) else item for item in batch], True)  # type: ignore[type-var]
+    handed = [_handed(item, as_dicts) if it else item for item, it in zip(items, changed, strict=True)]
+    return _like(prompts, handed, batch is not None)
+
+
+def _handed(record: Any, as_dicts: bool) -> object:
+    """A record as it goes on unscoped: its dict with ``as_dicts``."""
+    plain = unscoped(record) if _scopes(record) else record
+    return to_vllm(plain) if as_dicts else plain
 
 
 def _like(prompts: object, items: list[object], many: bool) -> object:
@@ -624,9 +622,7 @@ def scope_stage0(
       hash algorithm). All prompts of the request get the same replica. Dicts come back
       as new dicts (lists and dicts inside are new too), records as new records, strs
       and token lists as they are (a token list copied). Nothing of the caller's
-      changes, so a template dict can be reused and a retry scoped again. With
-      ``as_dicts=True`` records come back as dicts too (``to_vllm`` of the scoped
-      record): what ``process_inputs`` takes.
+      changes, so a template dict can be reused and a retry scoped again.
     - passed through, ``(None, prompts)`` with ``prompts`` itself: stage 0 has one
       live replica (or none) or is a diffusion stage; ``prompts`` is already an engine
       request; no prompt carries ``multi_modal_data`` (a rendered input, a dict with a
@@ -636,9 +632,10 @@ def scope_stage0(
       never passed on in its old scope, whose keys would name the old replica's cache:
       with one live replica it is scoped to that one (with the request's other
       prompts), and elsewhere it comes back unscoped (in a new list where it is in a
-      batch), or, when it carries a
+      batch), or, when it carries media and a
       :class:`~omni_requests.KeyPolicy` and no replica could be chosen (none live,
       ``select`` returned ``None``), it is refused by name rather than sent without it.
+      A scoped record without media (its UUIDs key nothing) comes back unscoped.
       Except on a diffusion stage, a prompt goes on as the dict of the record read from
       it, not as itself, wherever vLLM's second read of it could find other UUIDs or
       media than the checks did: a mapping that is not a plain dict with str keys, UUIDs
@@ -647,8 +644,12 @@ def scope_stage0(
       repeats (the rule compares the items under it, which vLLM reads again). The
       call's prompts are then all read as records, in order, and every dict goes on as
       read, since reading ran the caller's code; so do the dicts where ``select`` was
-      asked and returned ``None`` (keying and ``select`` are the caller's code too). A
-      batch that is no list or tuple comes back as the list that was read.
+      asked and returned ``None``, and where a UUID shaped like a content key made the
+      call be keyed (keying, an image's own loader and ``select`` are the caller's code
+      too). A batch that is no list or tuple comes back as the list that was read.
+
+    With ``as_dicts=True`` every record comes back as a dict (``to_vllm`` of the record,
+    scoped or not), on every road: what ``process_inputs`` takes.
 
     Every dict is checked (``from_vllm``) and every item keyed before ``pool.select``
     is called, so a bad prompt raises (naming e.g. ``$[1].multi_modal_uuids.image``)
@@ -688,7 +689,7 @@ def scope_stage0(
     if pool.is_diffusion:
         # No processor cache: no key to keep apart, no policy to keep; the prompts are
         # read no further than a record or a batch of them.
-        return Stage0Result(None, _unscoped(prompts, _batch(prompts), None))
+        return Stage0Result(None, _unscoped(prompts, _batch(prompts), None, as_dicts))
     if _is_engine_request(prompts, pool.engine_request_types):
         return Stage0Result(None, prompts)
     batch = _batch(prompts)
@@ -704,8 +705,9 @@ def scope_stage0(
         # That ran the odd holders' own code, which could change the plain dicts beside
         # them: every dict goes on as its record's dict, whatever road it takes.
         request = _Request(items, hasher, at)
-        items = batch = request.dicts_as_read()
-        prompts = _like(prompts, batch, many)
+        items = request.dicts_as_read()
+        batch = items if many else None
+        prompts = _like(prompts, items, many)
     if len(pool.replicas) <= 1 and not (
         pool.replicas and any(_scopes(item) and carries_media(item) for item in items)
     ):
@@ -713,12 +715,21 @@ def scope_stage0(
         # given new media), refused above, would reach it as they are: the old media's,
         # still cached on that replica when it was one of several. A scoped record with
         # media is scoped to the one replica instead, below: its old scope would be such keys.
-        _refuse_digest_aliases(items, hasher, at, request)
-        return Stage0Result(
-            None, _unscoped(prompts, batch, None if pool.replicas else "stage 0 has no live replica")
-        )
+        if request is None and any(map(_names_a_digest, items)):
+            request = _Request(items, hasher, at)
+        if request is not None:
+            # vLLM keys the items without a UUID itself: no UUID may be its key of another.
+            _refuse_digest_aliases(request)
+            # Reading and keying ran the caller's code (an image's own loader), which could
+            # change the dicts since they were checked: they go on as read.
+            items = request.dicts_as_read()
+            batch = items if many else None
+            prompts = _like(prompts, items, many)
+        why = None if pool.replicas else "stage 0 has no live replica"
+        return Stage0Result(None, _unscoped(prompts, batch, why, as_dicts))
     if not _any_carries_media(items, many):
-        return Stage0Result(None, prompts)
+        # Nothing to key: a record scoped earlier still goes on unscoped (or as its dict).
+        return Stage0Result(None, _unscoped(prompts, batch, None, as_dicts))
 
     request = request or _Request(items, hasher, at)
     # One request: routing's keys are the keys its dicts are rendered with.
@@ -728,15 +739,12 @@ def scope_stage0(
         bases = request.bases()
         replica = pool.select(RouteRequest(request_id, pool.replicas, lambda: bases))
         if replica is None:
-            # vLLM keys the items without a UUID itself: no UUID may be its key of another.
-            _refuse_digest_aliases(items, hasher, at, request)
+            _refuse_digest_aliases(request)
             # Keying and select ran the caller's code (a policy, an image's own loader),
             # which could change the dicts since they were checked: they go on as read.
             read = request.dicts_as_read()
-            return Stage0Result(
-                None,
-                _unscoped(_like(prompts, read, many), read if many else None, "pool.select chose no replica"),
-            )
+            prompts, why = _like(prompts, read, many), "pool.select chose no replica"
+            return Stage0Result(None, _unscoped(prompts, read if many else None, why, as_dicts))
         chosen = live_replica_id(replica, pool.replicas)
         if chosen is None:
             raise InvalidPromptError(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import wave
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,19 @@ class IndexedAs(list[Any]):
 
     def __getitem__(self, i: Any) -> Any:
         return self.indexed[i] if isinstance(i, int) else super().__getitem__(i)
+
+
+class FirstReadAs(list[Any]):
+    """A caller's list whose first iteration (a check's) gives ``first``, and every later
+    one (vLLM's) what it holds."""
+
+    def __init__(self, first: list[Any], held: list[Any]) -> None:
+        super().__init__(held)
+        self.first: list[Any] | None = first
+
+    def __iter__(self) -> Iterator[Any]:
+        first, self.first = self.first, None
+        return iter(first) if first is not None else super().__iter__()
 
 
 def image_array(seed: int, side: int = 8) -> np.ndarray:

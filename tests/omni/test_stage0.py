@@ -39,7 +39,7 @@ from omni_requests import (
 from omni_requests_omni import CacheAffinity, RoundRobin, RouteRequest, Stage0Pool, scope_stage0
 from omni_requests_vllm import from_vllm, to_vllm
 
-from ._helpers import IndexedAs, containers, deep_equal, image_array, uuids_of, video_array
+from ._helpers import FirstReadAs, IndexedAs, containers, deep_equal, image_array, uuids_of, video_array
 
 MODEL = "/models/tiny-omni"
 HASHER = MediaHasher(MODEL)
@@ -903,6 +903,51 @@ def test_a_dict_changed_by_the_callers_code_after_its_check_goes_on_as_it_was_re
     assert sent is not victim and sent["multi_modal_uuids"] == {"image": ["c1", "c2"]}
 
 
+@pytest.mark.parametrize("pool", PASSING_POOLS[:2], ids=PASSING_IDS[:2])
+def test_a_prompt_keyed_for_the_digest_check_goes_on_as_it_was_keyed(pool: Stage0Pool) -> None:
+    # A UUID shaped like a digest makes the pass-through key the prompt (is it vLLM's key
+    # of another item?). That read of the media is the caller's code too: a media row
+    # answering vLLM's second read otherwise, or an image whose loader rewrites a dict
+    # already checked, went on as the caller's own (found by a review, helper-79).
+    a, b, x = image_array(1), image_array(2), image_array(3)
+    digest_of_b = HASHER.key("image", b)
+    lying = {
+        "prompt": "<image><image>",
+        "multi_modal_data": {"image": FirstReadAs([a, x], [a, b])},
+        "multi_modal_uuids": {"image": [digest_of_b, None]},
+    }
+    replica, sent = scope_stage0(lying, pool=pool, hasher=HASHER)
+    row = sent["multi_modal_data"]["image"]
+    assert replica is None and sent is not lying and type(row) is list  # vLLM gets what was checked
+    assert [np.array_equal(got, want) for got, want in zip(row, [a, x], strict=True)] == [True, True]
+    with pytest.raises(InvalidPromptError, match="is the content key of multi_modal_data"):  # read honestly
+        scope_stage0({**lying, "multi_modal_data": {"image": [a, b]}}, pool=pool, hasher=HASHER)
+
+    victim = {
+        "prompt": "<image>",
+        "multi_modal_data": {"image": image_array(4)},
+        "multi_modal_uuids": {"image": ["photo"]},
+    }
+
+    class Loading(Image.Image):
+        def load(self) -> Any:
+            victim["multi_modal_uuids"]["image"][0] = "stage0:rep1:photo"  # an engine's old key
+            return super().load()
+
+    loading = Loading()
+    loading.__dict__.update(Image.fromarray(b).__dict__)
+    keyed = {
+        "prompt": "<image>",
+        "multi_modal_data": {"image": [loading]},
+        "multi_modal_uuids": {"image": [digest_of_b]},
+    }
+    _, sent = scope_stage0([victim, keyed], pool=pool, hasher=HASHER)
+    assert victim["multi_modal_uuids"]["image"] == ["stage0:rep1:photo"]  # the caller's code ran ...
+    assert sent[0] is not victim and sent[0]["multi_modal_uuids"] == {
+        "image": ["photo"]
+    }  # ... after the read
+
+
 def test_a_rendered_inputs_media_keys_are_checked_as_vllm_reads_them() -> None:
     # vLLM keys a rendered input's media by its mm_hashes, read by [] and [i] (see
     # tests/vllm/test_template_reuse.py for a real one); here only their shape matters.
@@ -1139,6 +1184,49 @@ def test_a_scoped_record_is_never_passed_on_in_its_old_scope(
     with pytest.raises(InvalidPromptError, match=re.escape(why)) as caught:
         scope_stage0(tenants, pool=pool, hasher=HASHER)
     assert caught.value.path == ("$[1]" if shape in ("list", "tuple") else "$")
+
+
+@pytest.mark.parametrize("replicas", [2, 1, []], ids=["several", "one", "none"])
+def test_a_scoped_record_without_media_goes_on_unscoped(replicas: Any) -> None:
+    # Its UUIDs key nothing (vLLM reads them only beside media), so nothing is scoped; with
+    # several replicas it went on in its old scope, and with none a tenant's was refused for
+    # a policy that protects nothing here (found by a review, helper-79).
+    for policy in (None, _TENANT):
+        bare = TextPrompt(prompt="<image>", multi_modal_uuids={"image": ["cat"]})
+        old = scope_to_replica(bare, 1, hasher=HASHER, policy=policy)
+        pool = Stage0Pool(replicas=replicas, select=lambda _: 0)
+        replica, out = scope_stage0([old, "x"], pool=pool, hasher=HASHER)
+        assert replica is None and out == [bare, "x"]
+        assert scope_stage0(old, pool=pool, hasher=HASHER, as_dicts=True).prompts == to_vllm(bare)
+
+
+@pytest.mark.parametrize(
+    ("pool", "media"),
+    [
+        *((pool, True) for pool in PASSING_POOLS),
+        (_pool(2), False),
+        (Stage0Pool(replicas=2, select=lambda _: 0, is_diffusion=True), True),
+    ],
+    ids=[*PASSING_IDS, "no_media", "diffusion"],
+)
+def test_as_dicts_hands_on_dicts_where_nothing_is_scoped_too(pool: Stage0Pool, media: bool) -> None:
+    # "What process_inputs takes" held only where a replica was chosen: the pass-through
+    # roads handed records on (found by a review, helper-79).
+    record = (
+        TextPrompt(
+            prompt="<image>", multi_modal_data={"image": image_array(1)}, multi_modal_uuids={"image": ["cat"]}
+        )
+        if media
+        else TextPrompt(prompt="hi")
+    )
+    pair = EncoderDecoderPrompt(encoder_prompt=record, decoder_prompt=TextPrompt(prompt="b"))
+    text = {"prompt": "x"}
+    replica, out = scope_stage0(record, pool=pool, hasher=HASHER, as_dicts=True)
+    assert replica is None and deep_equal(out, to_vllm(record))
+    replica, out = scope_stage0((record, pair, text, "y"), pool=pool, hasher=HASHER, as_dicts=True)
+    assert replica is None and deep_equal(out, (to_vllm(record), to_vllm(pair), text, "y"))
+    # Without it, records stay records.
+    assert scope_stage0([record], pool=pool, hasher=HASHER).prompts == [record]
 
 
 def test_a_diffusion_batch_of_any_sequence_comes_back_unscoped() -> None:

@@ -23,7 +23,7 @@ from _tiny_models import VLLM_MISSING
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
 import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -38,7 +38,7 @@ from vllm.multimodal.hasher import MultiModalHasher
 from omni_requests import InvalidPromptError, MediaHasher, TextPrompt, scope_to_replica
 from omni_requests_omni import Stage0Pool, scope_stage0
 from omni_requests_vllm import from_vllm, to_vllm
-from tests.omni._helpers import IndexedAs
+from tests.omni._helpers import FirstReadAs, IndexedAs
 
 pytestmark = pytest.mark.vllm
 
@@ -268,18 +268,6 @@ def test_one_uuid_over_two_videos_serves_the_second_the_firsts_features(
     assert same_features(served[1], own_features[id(second)])
 
 
-class _FirstReadAs(list[Any]):
-    """A caller's list whose first iteration gives ``first``, every later one what it holds."""
-
-    def __init__(self, first: list[Any], held: list[Any]) -> None:
-        super().__init__(held)
-        self.first: list[Any] | None = first
-
-    def __iter__(self) -> Iterator[Any]:
-        first, self.first = self.first, None
-        return iter(first) if first is not None else super().__iter__()
-
-
 @pytest.mark.parametrize(
     "pool",
     [Stage0Pool(replicas=1, select=lambda _: 0), Stage0Pool(replicas=2, select=lambda _: None)],
@@ -310,7 +298,7 @@ def test_stage0_hands_vllm_what_it_checked_where_nothing_is_scoped(
     # row again, is sent that, not another video at [0] whose features "clip" would name.
     same = {
         **lying,
-        "multi_modal_data": {"video": _FirstReadAs([first, first], [second, first])},
+        "multi_modal_data": {"video": FirstReadAs([first, first], [second, first])},
         "multi_modal_uuids": {"video": ["clip", "clip"]},
     }
     _, sent = scope_stage0(same, pool=pool, hasher=MediaHasher(qwen2_vl.model_id))
