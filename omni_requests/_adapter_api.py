@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from ._embedding_fields import EmbeddingFields, is_embedding_modality, merge_embedding_fields
 from ._errors import PromptTypeError, type_name
+from ._hashing import image_parses
 from ._keys import check_index
 from ._media import as_made, is_own_array, is_pil_image, is_torch_tensor, thaw
 from ._records import (
@@ -38,6 +39,7 @@ __all__ = [
     "check_uuid",
     "derived",
     "fits_embeds_prompt",
+    "image_parses",
     "is_embedding_modality",
     "is_own_array",
     "is_pil_image",

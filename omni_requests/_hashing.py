@@ -252,6 +252,12 @@ def _as_vllm_parses_image(image: Any) -> Any:
     ImageID (its transposed copy drops the ImageID), transparency, a non-RGB mode, or an
     RGB image holding a palette (a GIF's later frames): exif_transpose copies even where
     it turns nothing, and Pillow's copy keeps a palette only for P and PA.
+
+    Where vLLM versions give the model other pixels, both: vLLM 0.34 flattens an RGB
+    image's transparency entry over white, and 0.32 and before hand the image on as it
+    is (their ``convert_image_mode`` returns an image already in the mode first). Where a
+    pixel has the transparent colour the two differ, and ``(flattened, as_is)`` is what
+    is hashed, so no two images some version sees apart share a key.
     """
     from PIL import ImageOps  # an image exists, so Pillow is imported already
 
@@ -271,7 +277,21 @@ def _as_vllm_parses_image(image: Any) -> Any:
                 # Pillow's convert writes the transparency into the image's own palette:
                 # convert a copy, as vLLM converts exif_transpose's, never the caller's.
                 image = image.copy()
-    return _flattened_as_vllm(image)
+    flat = _flattened_as_vllm(image)
+    if image.mode == "RGB" and flat is not image and flat.tobytes() != image.tobytes():
+        return (flat, image)  # flattened only by vLLM 0.34 (see above)
+    return flat
+
+
+def image_parses(image: Any) -> tuple[Any, ...]:
+    """The images vLLM versions give the model for a PIL ``image`` under ``image``: one,
+    or both where they differ (:func:`_as_vllm_parses_image`); none where vLLM cannot
+    parse it."""
+    try:
+        parsed = _as_vllm_parses_image(image)
+    except ValueError:
+        return ()
+    return parsed if isinstance(parsed, tuple) else (parsed,)
 
 
 def _flattened_as_vllm(image: Any) -> Any:
@@ -693,19 +713,19 @@ class MediaHasher:
     def _content_key(self, modality: str, item: object, *, record: bool = True) -> str:
         # content_key for a modality already checked; by default of a record's item (a
         # record's view read as its seal), on every render's path.
-        if modality != "image" or is_media_with_bytes(item):
-            # A loaded image is keyed by its bytes, never by an in-memory EXIF ImageID:
-            # vLLM's hasher keys it by the ID (its parser keeps the wrapper as it is), but
-            # the model sees the pixels, so one ID over two images would be one entry.
+        if modality != "image" or not is_pil_image(item):
+            # Images inside an item (video frames, a list of images as one image item, a
+            # loaded image's wrapper) are keyed by their pixels, never by an in-memory EXIF
+            # ImageID: vLLM's hasher keys them by the ID (its parser keeps them as they
+            # are), but the model sees the pixels, so one ID over two would be one entry.
             return self._cached("content", modality, item, self._pixels_digest, record=record)
-        if is_pil_image(item):
-            seal = seal_of(item) if record else None
-            if seal is not None:  # parsed once, from the seal, and cached by it
-                return self._cached_by_seal(modality, seal)
-            # Modes Pillow cannot flatten to RGB (e.g. "La") vLLM cannot parse either:
-            # those images are hashed as given.
-            with contextlib.suppress(ValueError):
-                item = _as_vllm_parses_image(current(item) if record else item)
+        seal = seal_of(item) if record else None
+        if seal is not None:  # parsed once, from the seal, and cached by it
+            return self._cached_by_seal(modality, seal)
+        # Modes Pillow cannot flatten to RGB (e.g. "La") vLLM cannot parse either: those
+        # images are hashed as given. A lone image's parse drops its ImageID.
+        with contextlib.suppress(ValueError):
+            item = _as_vllm_parses_image(current(item) if record else item)
         return self._cached("key", modality, item, self._digest, record=record)
 
     def _record_fingerprint(self, modality: str, item: object) -> str:

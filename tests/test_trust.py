@@ -1102,19 +1102,20 @@ def test_one_records_media_map_is_no_other_records_uuid_map_nor_the_reverse() ->
     assert again.multi_modal_data is arrays.multi_modal_data  # a map of its own kind is taken as checked
 
 
+def _gray_images_sharing_an_image_id(gray: int) -> list[Image.Image]:
+    made = [Image.new("RGB", (8, 8), (gray, gray, gray)) for _ in range(2)]
+    for image in made:
+        image.getexif()[0x800D] = uuid.UUID(int=42)
+    return made
+
+
 def test_video_frames_sharing_an_exif_image_id_are_keyed_by_their_pixels() -> None:
     # vLLM's hasher keys a bare PIL image by its ImageID, but its parser stacks a list of
     # frames into one array (the ID gone): two videos whose frames share an ID are two
     # media to vLLM. Keyed by the ID they shared one scoped key, and the engine would
     # have served the first video's features for the second.
-    def frames(gray: int) -> list[Image.Image]:
-        made = [Image.new("RGB", (8, 8), (gray, gray, gray)) for _ in range(2)]
-        for frame in made:
-            frame.getexif()[0x800D] = uuid.UUID(int=42)
-        return made
-
     hasher = MediaHasher("m")
-    black, white = frames(0), frames(255)
+    black, white = _gray_images_sharing_an_image_id(0), _gray_images_sharing_an_image_id(255)
     for as_video in (lambda f: f, lambda f: (f, {"fps": 2.0})):
         keys = {
             rendered_uuids(
@@ -1133,6 +1134,58 @@ def test_video_frames_sharing_an_exif_image_id_are_keyed_by_their_pixels() -> No
     assert hasher.content_key("thumb", black[0]) != hasher.content_key("thumb", white[0])
     image = TextPrompt(prompt="<image>", multi_modal_data={"image": black[0]})
     assert image.multi_modal_data["image"][0].getexif()[0x800D] == uuid.UUID(int=42)  # images keep it
+
+
+def test_a_list_of_images_as_one_image_item_is_keyed_by_its_pixels_not_an_exif_image_id() -> None:
+    # vLLM's parser keeps such an item as it is (the model's to read) and its hasher keys
+    # each image by its ID: keyed so, two lists of other pixels under one ID shared a
+    # scoped key (found by a review, helper-78), as video frames did before.
+    hasher = MediaHasher("m")
+    black, white = _gray_images_sharing_an_image_id(0), _gray_images_sharing_an_image_id(255)
+    assert hasher.key("image", black) == hasher.key("image", white)  # vLLM's hasher: the ID
+    assert hasher.content_key("image", black) != hasher.content_key("image", white)
+    keys = {
+        rendered_uuids(
+            scope_to_replica(
+                TextPrompt(prompt="<image>", multi_modal_data={"image": [item]}), 0, hasher=hasher
+            )
+        )["image"][0]  # type: ignore[index]
+        for item in (black, white)
+    }
+    assert len(keys) == 2
+    same = TextPrompt(prompt="<image>", multi_modal_data={"image": [_gray_images_sharing_an_image_id(0)]})
+    assert rendered_uuids(scope_to_replica(same, 0, hasher=hasher))["image"][0] in keys  # type: ignore[index]
+
+
+def _transparent_twins() -> tuple[Image.Image, Image.Image]:
+    """An RGB image whose transparency colour some pixels have, and the image vLLM 0.34's
+    parser makes of it (those pixels white)."""
+    pixels = np.random.default_rng(7).integers(0, 200, (8, 8, 3), dtype=np.uint8)
+    pixels[:4] = (0, 255, 0)
+    keyed = Image.fromarray(pixels)
+    keyed.info["transparency"] = (0, 255, 0)
+    pixels[:4] = 255
+    return keyed, Image.fromarray(pixels)
+
+
+def test_an_image_vllm_versions_parse_apart_is_keyed_apart_from_its_flattened_twin() -> None:
+    # vLLM 0.34 flattens an RGB image's transparency colour over white; 0.32 and before
+    # hand the image on as it is. Keyed by 0.34's parse alone, the image and its flattened
+    # twin shared a scoped key, and on the older engines (vllm-omni 0.30's) the second was
+    # served the first one's features (found by a review, helper-79; tests/engine shows it).
+    keyed, flat = _transparent_twins()
+    hasher = MediaHasher("m")
+    assert hasher.content_key("image", keyed) != hasher.content_key("image", flat)
+    records = [TextPrompt(prompt="<image>", multi_modal_data={"image": image}) for image in (keyed, flat)]
+    assert records[0] != records[1]
+    keys = {rendered_uuids(scope_to_replica(r, 0, hasher=hasher))["image"][0] for r in records}  # type: ignore[index]
+    assert len(keys) == 2
+    # Where no pixel has the colour, every version gives the model the same pixels: one key.
+    unused = keyed.copy()
+    unused.info["transparency"] = (1, 2, 3)
+    assert hasher.content_key("image", unused) == hasher.content_key(
+        "image", Image.fromarray(np.asarray(keyed))
+    )
 
 
 def test_evolve_that_silently_drops_a_modality_cannot_leave_its_uuids_behind() -> None:

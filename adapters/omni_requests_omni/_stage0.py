@@ -30,6 +30,8 @@ from omni_requests._adapter_api import (
     SINGLE_KINDS,
     check_index,
     check_uuid,
+    image_parses,
+    is_pil_image,
     is_torch_tensor,
     key_bases,
     one_request,
@@ -265,7 +267,11 @@ def _vllm_forms_keys(hasher: MediaHasher, modality: str, item: object) -> set[st
 
 def _vllm_forms(modality: str, plain: object) -> list[object]:
     forms: list[object] = []
-    if modality == "video":
+    if modality == "image" and is_pil_image(plain):
+        parses = image_parses(plain)
+        if len(parses) > 1:  # vLLM versions parse it apart: each one's key
+            forms += parses
+    elif modality == "video":
         if isinstance(plain, tuple) and len(plain) == 2:
             plain = plain[0]  # (frames, metadata): the frames alone on most models
             forms.append(plain)

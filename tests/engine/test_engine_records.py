@@ -219,3 +219,34 @@ def test_one_uuid_over_two_images_answers_as_if_the_first_were_sent_twice_record
             multi_modal_uuids=shared["multi_modal_uuids"],
         )
     assert caught.value.path == "$.multi_modal_uuids.image[1]"
+
+
+def test_an_image_this_vllm_parses_otherwise_than_034_gets_its_own_key(
+    new_llm: Any, reference: Any, greedy: Any, model_dir: Any
+) -> None:
+    # vLLM 0.34 flattens an RGB image's transparency colour over white; this engine's
+    # vLLM (0.32, as vllm-omni 0.30's) hands the image to the model as it is. Keyed by
+    # 0.34's parse, the image and its flattened twin shared one scoped key, and the
+    # second was answered with the first one's features (found by a review, helper-79).
+    from PIL import Image
+
+    pixels = image(3)
+    pixels[:28] = (0, 255, 0)
+    keyed = Image.fromarray(pixels)
+    keyed.info["transparency"] = (0, 255, 0)
+    pixels[:28] = 255
+    flat = Image.fromarray(pixels)
+    right = [reference(IMAGE_PROMPT, {"image": [keyed]}), reference(IMAGE_PROMPT, {"image": [flat]})]
+    assert right[0] != right[1], "this vLLM must give the model the two images apart"
+
+    hasher = MediaHasher(str(model_dir))
+    records = [
+        scope_to_replica(
+            TextPrompt(prompt=IMAGE_PROMPT, multi_modal_data={"image": [item]}), 0, hasher=hasher
+        )
+        for item in (keyed, flat)
+    ]
+    llm = new_llm()
+    outs = [output_of(llm.generate(to_vllm(r), greedy, use_tqdm=False)[0]) for r in records]
+    assert outs == right
+    assert len({rendered_uuids(r)["image"][0] for r in records}) == 2  # type: ignore[index]

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from _engine import features, render, same_features
 from _tiny_models import TinyModel, build_input_processor
+from PIL import Image
 from vllm import SamplingParams
 from vllm.multimodal.cache import LruKeyReplicatedReceiverCache
 from vllm.multimodal.hasher import MultiModalHasher
@@ -385,6 +386,16 @@ def test_a_uuid_that_is_another_items_content_key_is_refused(
 _WAVE = np.random.default_rng(7).standard_normal(1600).astype(np.float32)
 
 
+def _transparent_image() -> Image.Image:
+    """An RGB image whose transparency colour its top rows have: vLLM 0.34 flattens them
+    over white, 0.32 and before do not (docs/vllm-parity.md)."""
+    pixels = np.random.default_rng(8).integers(0, 200, (56, 56, 3), dtype=np.uint8)
+    pixels[:20] = (0, 255, 0)
+    image = Image.fromarray(pixels)
+    image.info["transparency"] = (0, 255, 0)
+    return image
+
+
 @pytest.mark.parametrize(
     ("model_name", "modality", "other"),
     [
@@ -393,6 +404,7 @@ _WAVE = np.random.default_rng(7).standard_normal(1600).astype(np.float32)
         ("qwen2_audio", "audio", [float(x) for x in _WAVE[:800]]),
         ("qwen2_audio", "audio", torch.from_numpy(_WAVE)),
         ("qwen2_audio", "audio", np.stack([_WAVE, _WAVE[::-1]])),
+        ("qwen2_vl", "image", _transparent_image()),
     ],
     ids=[
         "video_with_metadata",
@@ -400,6 +412,7 @@ _WAVE = np.random.default_rng(7).standard_normal(1600).astype(np.float32)
         "audio_as_floats",
         "audio_tensor",
         "audio_two_channels",
+        "image_that_vllm_versions_parse_apart",
     ],
 )
 def test_where_nothing_is_scoped_vllms_own_key_of_another_item_is_refused_as_a_uuid(
@@ -408,7 +421,9 @@ def test_where_nothing_is_scoped_vllms_own_key_of_another_item_is_refused_as_a_u
     # Forms vLLM's parser changes before it hashes: its key of `other` is not our
     # content_key, so the check must know vLLM's too (docs/vllm-parity.md lists them).
     model = tiny_models[model_name]
-    first = TEMPLATE_VIDEO if modality == "video" else np.zeros(1600, np.float32)
+    first = {"video": TEMPLATE_VIDEO, "audio": np.zeros(1600, np.float32), "image": TEMPLATE_VIDEO[0]}[
+        modality
+    ]
     plain = {"prompt": model.prompt(**{modality: 2}), "multi_modal_data": {modality: [first, other]}}
     vllm_key = render(fresh_renderer(model_name), plain)["mm_hashes"][modality][1]
     alias = {**plain, "multi_modal_uuids": {modality: [vllm_key, None]}}
