@@ -1730,6 +1730,25 @@ class _TensorPickle:
         return (_restore_tensor, (name, tuple(tensor.shape), raw, str(tensor.device)))
 
 
+class _GraphTensorPickle:
+    """Pickles and deep-copies a tensor that is no leaf of torch's autograd graph (a row
+    of a grad-requiring tensor) as torch pickles it: a leaf with its values and its
+    ``requires_grad``. torch's own deepcopy refuses such a tensor, so ``copy.deepcopy``
+    of a record holding one (vllm-omni deep-copies a request's prompt) failed."""
+
+    __slots__ = ("tensor",)
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def __reduce__(self) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+        return (_as_leaf, (self.tensor.detach(), self.tensor.requires_grad))
+
+
+def _as_leaf(tensor: Any, requires_grad: bool) -> Any:
+    return tensor.requires_grad_(requires_grad)
+
+
 # The dtypes _TensorPickle carries; each has a numpy twin of the same name.
 _TENSOR_PICKLE_DTYPES: Final = frozenset({"torch.uint16", "torch.uint32", "torch.uint64"})
 
@@ -1751,6 +1770,8 @@ def pickle_form(value: Any) -> Any:
         return _ArrayPickle(value)
     if is_torch_tensor(value) and str(value.dtype) in _TENSOR_PICKLE_DTYPES and _plain_tensor(value):
         return _TensorPickle(value)
+    if is_torch_tensor(value) and not value.is_leaf:
+        return _GraphTensorPickle(value)
     if is_pil_image(value) and not is_sealed_image(value):
         return _ImagePickle(value)
     if isinstance(value, list):

@@ -246,6 +246,28 @@ def test_unsigned_tensors_torch_cannot_pickle_pickle_with_their_dtype_and_key(
     assert option.dtype == big.dtype and option.shape == big.shape and torch.equal(option, big)
 
 
+def test_a_record_holding_rows_of_a_grad_requiring_tensor_deep_copies_as_it_pickles() -> None:
+    # A grad-requiring tensor is kept as given, each row a view that is no leaf of torch's
+    # graph; torch pickles such a view (as a leaf) but refuses to deep-copy it, so
+    # copy.deepcopy of the record raised torch's autograd error, naming no field, where the
+    # caller's own tensor deep-copies (found by a review, helper-78). vllm-omni
+    # deep-copies a request's prompt (its request snapshots).
+    torch = pytest.importorskip("torch")
+    given = torch.rand(2, 4, 4, 3, requires_grad=True)
+    record = TextPrompt(
+        prompt="x", multi_modal_data={"image": given}, mm_processor_kwargs={"w": given[0] * 2}
+    )
+    hasher = MediaHasher("m")
+    for again in (copy.deepcopy(record), pickle.loads(pickle.dumps(record))):
+        assert again == record and media_keys(again, hasher) == media_keys(record, hasher)
+        rows, held = again.multi_modal_data["image"], record.multi_modal_data["image"]
+        assert all(row.is_leaf and row.requires_grad for row in rows)
+        assert all(row.data_ptr() != old.data_ptr() for row, old in zip(rows, held, strict=True))  # copies
+        option = again.mm_processor_kwargs["w"]  # type: ignore[index]
+        assert option.is_leaf and option.requires_grad and torch.equal(option, given[0] * 2)
+    assert given.grad is None and given.is_leaf  # the caller's tensor as it was
+
+
 class _SharedBytes:
     """Unpickles as a record's array over ``shared``, a bytearray the same pickle also
     returns: what a crafted pickle can do through the records' own restore function."""
