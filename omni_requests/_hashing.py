@@ -138,8 +138,8 @@ def _leaf(update: _Update, value: object) -> None:
 
 
 def _content_leaf(update: _Update, value: object) -> None:
-    """:func:`_leaf` for the content key of an item outside ``image``: a PIL image in it
-    (a video's frame) is keyed by its pixels, never by an EXIF ImageID. vLLM's parser
+    """:func:`_leaf` for a content key: a PIL image (a video's frame, an image as vLLM's
+    parser made it) is keyed by its pixels, never by an EXIF ImageID. vLLM's parser
     stacks a list of frames into one array (the ID gone), so frames sharing an ID are
     different media to vLLM, and must be to their keys."""
     if is_pil_image(value):
@@ -281,6 +281,11 @@ def _as_vllm_parses_image(image: Any) -> Any:
     if image.mode == "RGB" and flat is not image and flat.tobytes() != image.tobytes():
         return (flat, image)  # flattened only by vLLM 0.34 (see above)
     return flat
+
+
+# The field a key of an image's two parses carries beside the model and the modality:
+# no other key has a third field, and named fields frame apart.
+_TWO_PARSES: Final = ("vllm image parses", "0.34 flattened, 0.32 as is")
 
 
 def image_parses(image: Any) -> tuple[Any, ...]:
@@ -723,10 +728,10 @@ class MediaHasher:
         if seal is not None:  # parsed once, from the seal, and cached by it
             return self._cached_by_seal(modality, seal)
         # Modes Pillow cannot flatten to RGB (e.g. "La") vLLM cannot parse either: those
-        # images are hashed as given. A lone image's parse drops its ImageID.
+        # images are hashed as given.
         with contextlib.suppress(ValueError):
             item = _as_vllm_parses_image(current(item) if record else item)
-        return self._cached("key", modality, item, self._digest, record=record)
+        return self._cached("content", modality, item, self._parsed_image_digest, record=record)
 
     def _record_fingerprint(self, modality: str, item: object) -> str:
         # fingerprint of a record's item (a view read as its seal), modality checked
@@ -797,7 +802,7 @@ class MediaHasher:
             image = seal.handout()
             with contextlib.suppress(ValueError):
                 image = _as_vllm_parses_image(image)
-            digest = self._digest(modality, image)
+            digest = self._parsed_image_digest(modality, image)
             _CACHE.put(cache_key, digest, [seal])
         return digest
 
@@ -809,14 +814,23 @@ class MediaHasher:
     def _pixels_digest(self, modality: str, item: object) -> str:
         return self._digest(modality, item, _content_leaf)
 
-    def _digest(self, modality: str, item: object, leaf: _Leaf = _leaf) -> str:
-        if type(item) is np.ndarray and item.ndim and item.flags.c_contiguous:
+    def _parsed_image_digest(self, modality: str, parsed: Any) -> str:
+        """The digest of what vLLM's parser makes of an image (:func:`_as_vllm_parses_image`),
+        by its pixels: an image it could not turn upright keeps its ImageID, which must not
+        stand for them. Two parses are hashed under a field of their own, so that their
+        key is never a list of two images' (a tuple would be hashed as one)."""
+        if isinstance(parsed, tuple):
+            return self._digest(modality, parsed, _content_leaf, _TWO_PARSES)
+        return self._digest(modality, parsed, _content_leaf)
+
+    def _digest(self, modality: str, item: object, leaf: _Leaf = _leaf, *extra: tuple[str, object]) -> str:
+        if type(item) is np.ndarray and item.ndim and item.flags.c_contiguous and not extra:
             return self._array_digest(modality, item)
         nbytes = _nbytes_hint(item)
         hasher = self._new_hasher(nbytes)
         update: _Update = hasher.update
         gathering = _Gathering(update, self.algorithm) if nbytes >= 2 * _TIMED_PART_BYTES else None
-        for name, value in sorted((("model_id", self.model_id), (modality, item))):
+        for name, value in sorted((("model_id", self.model_id), (modality, item), *extra)):
             _named(gathering or update, name, value, leaf)
         if gathering is not None:
             gathering.finish()

@@ -23,7 +23,6 @@ module, which imports Hypothesis and so cannot be loaded while Hypothesis is).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.util
@@ -40,7 +39,7 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 
 from ._exif import EXIF_IMAGE_ID
-from ._hashing import ALGORITHMS, MediaHasher, _as_vllm_parses_image, _exif_image_id
+from ._hashing import ALGORITHMS, MediaHasher, _exif_image_id, image_parses
 from ._media import IMAGE_MODES as _MODES
 from ._media import PALETTE_MODES, MediaKind, is_pil_image, media_kind, tensor_bytes
 from ._records import EmbedsPrompt, EncoderDecoderPrompt, Prompt, SinglePrompt, TextPrompt, TokensPrompt
@@ -879,18 +878,23 @@ def media_identity(
     ('user', 'cat-1')
 
     With ``parsed=True`` an item is read as vLLM's parser hands it to the model: a PIL
-    image under ``image`` turned upright by its EXIF orientation and flattened to RGB, and
-    a PIL image elsewhere (a video's frame) by its pixels, never its ``ImageID`` (the
-    parser stacks frames into one array). Items equal in that view are the same input to
-    the model, so they may share a key.
+    image under ``image`` turned upright by its EXIF orientation and flattened to RGB (in
+    both of vLLM's readings of an RGB image's transparency colour where they differ), and
+    every PIL image by its pixels, never its ``ImageID`` (a video's frames are stacked
+    into one array; a list of images as one item is the model's to read). Items equal
+    in that view are the same input to the model, so they may share a key.
     """
     if uuid is not None:
         return ("user", uuid)
-    if parsed and modality == "image" and is_pil_image(item):
-        with contextlib.suppress(ValueError):  # modes vLLM cannot parse stay as given
-            item = _as_vllm_parses_image(item)
-    by_id = not parsed or modality == "image"
-    digest = hashlib.sha256(repr(_content(item, by_id)).encode()).hexdigest()
+    content: object
+    # No parse for modes vLLM cannot parse (kept as given); two where vLLM versions parse
+    # the image apart: what each gives the model, marked as no item's content can be.
+    if parsed and modality == "image" and is_pil_image(item) and (parses := image_parses(item)):
+        seen = [_content(parse, by_id=False) for parse in parses]
+        content = seen[0] if len(seen) == 1 else ("two parses", *seen)
+    else:
+        content = _content(item, by_id=not parsed)
+    digest = hashlib.sha256(repr(content).encode()).hexdigest()
     return ("content", modality, digest)
 
 

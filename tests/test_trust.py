@@ -1155,6 +1155,12 @@ def test_a_list_of_images_as_one_image_item_is_keyed_by_its_pixels_not_an_exif_i
     assert len(keys) == 2
     same = TextPrompt(prompt="<image>", multi_modal_data={"image": [_gray_images_sharing_an_image_id(0)]})
     assert rendered_uuids(scope_to_replica(same, 0, hasher=hasher))["image"][0] in keys  # type: ignore[index]
+    # A lone image keeps its ID where Pillow cannot turn it upright by its orientation
+    # (vLLM's parser then hands it on as it is): keyed by its pixels there too (helper-80).
+    lone = [image[0] for image in (black, white)]
+    for image in lone:
+        image.getexif()[0x0112] = [6]  # exif_transpose raises on it
+    assert hasher.content_key("image", lone[0]) != hasher.content_key("image", lone[1])
 
 
 def _transparent_twins() -> tuple[Image.Image, Image.Image]:
@@ -1180,6 +1186,10 @@ def test_an_image_vllm_versions_parse_apart_is_keyed_apart_from_its_flattened_tw
     assert records[0] != records[1]
     keys = {rendered_uuids(scope_to_replica(r, 0, hasher=hasher))["image"][0] for r in records}  # type: ignore[index]
     assert len(keys) == 2
+    # Nor is its key a list's of the two images (a tuple of parses was hashed as one:
+    # found by a review, helper-80).
+    as_list = [flat, Image.fromarray(np.asarray(keyed))]
+    assert hasher.content_key("image", keyed) != hasher.content_key("image", as_list)
     # Where no pixel has the colour, every version gives the model the same pixels: one key.
     unused = keyed.copy()
     unused.info["transparency"] = (1, 2, 3)

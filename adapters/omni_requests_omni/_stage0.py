@@ -237,23 +237,35 @@ def _refuse_part_aliases(part: Any, hasher: MediaHasher, path: str) -> None:
         for j, item in enumerate(items):
             if item is None or (given is not None and given[j] is not None):
                 continue
-            for key in _vllm_forms_keys(hasher, modality, item) & digests.keys():
-                named_modality, i = digests[key]
-                if key in _vllm_forms_keys(hasher, named_modality, data[named_modality][i]):
-                    continue  # vLLM keys the named item so too: one media
-                raise InvalidPromptError(
-                    f"{path}.multi_modal_uuids.{named_modality}[{i}]",
-                    f"UUID {key!r} is vLLM's key of multi_modal_data[{modality!r}][{j}], which is "
-                    "other media; vLLM keys that item by its content, so one of the two would be "
-                    "served the other's features. Give this item another UUID",
-                )
+            for version, keys in _vllm_keys(hasher, modality, item).items():
+                for key in keys & digests.keys():
+                    named_modality, i = digests[key]
+                    if key in _vllm_keys(hasher, named_modality, data[named_modality][i])[version]:
+                        continue  # that vLLM keys the named item so too: one media
+                    raise InvalidPromptError(
+                        f"{path}.multi_modal_uuids.{named_modality}[{i}]",
+                        f"UUID {key!r} is vLLM's key of multi_modal_data[{modality!r}][{j}], which "
+                        "is other media; vLLM keys that item by its content, so one of the two "
+                        "would be served the other's features. Give this item another UUID",
+                    )
 
 
-def _vllm_forms_keys(hasher: MediaHasher, modality: str, item: object) -> set[str]:
-    """The keys vLLM may give ``item`` (a record's): ``content_key``, and the key of each
-    form its parser may hash instead (one per model-dependent choice: a candidate that
-    matches nothing only costs a hash)."""
+# The vLLM versions whose image parsers differ (see image_parses): 0.34, and 0.32 and before.
+_VERSIONS: Final = ("0.34", "0.32")
+
+
+def _vllm_keys(hasher: MediaHasher, modality: str, item: object) -> dict[str, set[str]]:
+    """The keys vLLM may give ``item`` (a record's), by vLLM version: ``content_key``, and
+    the key of each form its parser may hash instead (one per model-dependent choice: a
+    candidate that matches nothing only costs a hash); for an image the versions parse
+    apart, each one's key of its parse. One media to vLLM is one key in the same version:
+    an image keyed so by 0.34 and other media keyed so by 0.32 are two."""
     plain = thaw(item)
+    if modality == "image" and is_pil_image(plain):
+        parses = image_parses(plain)
+        if len(parses) > 1:
+            pairs = zip(_VERSIONS, parses, strict=True)
+            return {version: {hasher.key(modality, parse)} for version, parse in pairs}
     keys = {hasher.content_key(modality, plain)}
     try:
         forms = _vllm_forms(modality, plain)
@@ -262,15 +274,16 @@ def _vllm_forms_keys(hasher: MediaHasher, modality: str, item: object) -> set[st
     for form in forms:
         with contextlib.suppress(Exception):  # a form vLLM's hasher would refuse too
             keys.add(hasher.key(modality, form))
-    return keys
+    return dict.fromkeys(_VERSIONS, keys)
 
 
 def _vllm_forms(modality: str, plain: object) -> list[object]:
     forms: list[object] = []
-    if modality == "image" and is_pil_image(plain):
-        parses = image_parses(plain)
-        if len(parses) > 1:  # vLLM versions parse it apart: each one's key
-            forms += parses
+    if modality not in ("image", "video", "audio") or (modality == "image" and not is_pil_image(plain)):
+        # Kept as given by vLLM's parser (a list of images as one item, a custom
+        # modality's item), and hashed so, an image by its EXIF ImageID where it has one:
+        # our content key is of its pixels.
+        forms.append(plain)
     elif modality == "video":
         if isinstance(plain, tuple) and len(plain) == 2:
             plain = plain[0]  # (frames, metadata): the frames alone on most models

@@ -355,6 +355,26 @@ def test_media_identity_reads_video_frames_by_pixels_as_the_model_sees_them() ->
     assert S.media_identity("image", black[0], parsed=True) != S.media_identity(
         "image", white[0], parsed=True
     )
+    # A list of images as one image item is kept as it is, for the model to read: by pixels
+    # too (the oracle read it by the IDs, agreeing with the keys it should check; helper-80).
+    assert S.media_identity("image", black, parsed=True) != S.media_identity("image", white, parsed=True)
+
+
+def test_media_identity_reads_an_image_vllm_versions_parse_apart_as_both_parses() -> None:
+    # vLLM 0.34 flattens an RGB image's transparency colour, 0.32 does not: the image is
+    # not its flattened twin, nor a list of its two parses (helper-80).
+    pixels = np.random.default_rng(3).integers(0, 200, (4, 4, 3), dtype=np.uint8)
+    pixels[0] = (0, 255, 0)
+    keyed = Image.fromarray(pixels)
+    keyed.info["transparency"] = (0, 255, 0)
+    flat = pixels.copy()
+    flat[0] = 255
+    identity = S.media_identity("image", keyed, parsed=True)
+    assert identity != S.media_identity("image", Image.fromarray(flat), parsed=True)
+    assert identity != S.media_identity(
+        "image", [Image.fromarray(flat), Image.fromarray(pixels)], parsed=True
+    )
+    assert identity == S.media_identity("image", keyed.copy(), parsed=True)
 
 
 def test_videos_of_frames_sharing_an_image_id_are_drawn() -> None:

@@ -23,6 +23,7 @@ from _tiny_models import VLLM_MISSING
 pytest.importorskip("vllm", reason=VLLM_MISSING)
 
 import itertools
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,11 +36,12 @@ from PIL import Image
 from vllm import SamplingParams
 from vllm.multimodal.cache import LruKeyReplicatedReceiverCache
 from vllm.multimodal.hasher import MultiModalHasher
+from vllm.multimodal.parse import MultiModalDataParser
 
 from omni_requests import InvalidPromptError, MediaHasher, TextPrompt, scope_to_replica
 from omni_requests_omni import Stage0Pool, scope_stage0
 from omni_requests_vllm import from_vllm, to_vllm
-from tests.omni._helpers import FirstReadAs, IndexedAs
+from tests.omni._helpers import FirstReadAs, IndexedAs, image_array
 
 pytestmark = pytest.mark.vllm
 
@@ -434,6 +436,49 @@ def test_where_nothing_is_scoped_vllms_own_key_of_another_item_is_refused_as_a_u
         with pytest.raises(InvalidPromptError, match="key of multi_modal_data") as caught:
             scope_stage0(alias, pool=pool, hasher=hasher)
         assert caught.value.path == f"$.multi_modal_uuids.{modality}[0]"
+
+
+def test_the_vllm_key_check_compares_within_one_vllm_version_and_knows_items_kept_as_given() -> None:
+    # Found by a review (helper-80). X is an RGB image whose transparency colour (green)
+    # some pixels have; vLLM 0.34 keys it by its flattened parse, K. Y has X's flattened
+    # pixels and another transparency colour (red) that it has; its UUID is K. K is Y's
+    # key only as vLLM 0.32 reads Y (as it is), X's only as 0.34 does: no one vLLM keys
+    # both so, and 0.34 gives the model other pixels for each under one key.
+    parser, hasher = MultiModalDataParser(), MediaHasher("m")
+
+    def vllm_key(image: Any) -> str:
+        (parsed,) = parser.parse_mm_data({"image": [image]})["image"].get_all_items_for_hash()
+        return str(MultiModalHasher.hash_kwargs("blake3", model_id="m", image=parsed))
+
+    pixels = np.random.default_rng(9).integers(0, 200, (8, 8, 3), dtype=np.uint8)
+    pixels[:2], pixels[6:] = (0, 255, 0), (255, 0, 0)
+    x = Image.fromarray(pixels)
+    x.info["transparency"] = (0, 255, 0)
+    pixels[:2] = 255
+    y = Image.fromarray(pixels)
+    y.info["transparency"] = (255, 0, 0)
+    key = vllm_key(x)
+    seen = [np.asarray(parser.parse_mm_data({"image": image})["image"].get(0)) for image in (x, y)]
+    assert not np.array_equal(*seen)  # two inputs to vLLM 0.34's model under one key
+    prompt = {
+        "prompt": "x",
+        "multi_modal_data": {"image": [y, x]},
+        "multi_modal_uuids": {"image": [key, None]},
+    }
+    # A list of images as one item is kept as it is, and vLLM's hasher keys it by each
+    # image's EXIF ImageID; our content key is of its pixels.
+    tagged = [Image.new("RGB", (8, 8), (9, 9, 9))]
+    tagged[0].getexif()[0x800D] = uuid.UUID(int=3)
+    listed = {
+        "prompt": "x",
+        "multi_modal_data": {"image": [image_array(5), tagged]},
+        "multi_modal_uuids": {"image": [vllm_key(tagged), None]},
+    }
+    for given in (prompt, listed):
+        for pool in _every_road()[1:]:
+            with pytest.raises(InvalidPromptError, match="is vLLM's key of multi_modal_data") as caught:
+                scope_stage0(given, pool=pool, hasher=hasher)
+            assert caught.value.path == "$.multi_modal_uuids.image[0]"
 
 
 def test_the_vllm_key_check_refuses_by_name_and_takes_a_cached_item_under_its_own_key() -> None:
