@@ -221,6 +221,11 @@ def _pil_image(update: _Update, image: Any, by_id: bool = True) -> None:
         entries.append(("palette", palette.palette))
         if palette.rawmode is not None:
             entries.append(("palette_rawmode", palette.rawmode))
+    if not by_id and "transparency" in image.info:
+        # For a content key: a processor given the image as it is (in a list as one item)
+        # composites a transparency entry onto white (transformers' convert_to_rgb), so
+        # the entry is content too. vLLM's hasher, which ours mirrors by_id, reads none.
+        entries.append(("transparency", repr(image.info["transparency"])))
     _framed(update, b"image")
     update(_TAG_MAPPING)
     update(_length(len(entries)))

@@ -1161,6 +1161,11 @@ def test_a_list_of_images_as_one_image_item_is_keyed_by_its_pixels_not_an_exif_i
     for image in lone:
         image.getexif()[0x0112] = [6]  # exif_transpose raises on it
     assert hasher.content_key("image", lone[0]) != hasher.content_key("image", lone[1])
+    # A processor given such a list composites a transparency entry onto white
+    # (transformers' convert_to_rgb): the entry is content too (helper-80, helper-81).
+    see_through = _gray_images_sharing_an_image_id(0)
+    see_through[0].info["transparency"] = (0, 0, 0)
+    assert hasher.content_key("image", see_through) != hasher.content_key("image", black)
 
 
 def _transparent_twins() -> tuple[Image.Image, Image.Image]:

@@ -241,7 +241,7 @@ def _refuse_part_aliases(part: Any, hasher: MediaHasher, path: str) -> None:
                 for key in keys & digests.keys():
                     named_modality, i = digests[key]
                     if key in _vllm_keys(hasher, named_modality, data[named_modality][i])[version]:
-                        continue  # that vLLM keys the named item so too: one media
+                        continue  # that vLLM keys the named item so too: the UUID adds no collision
                     raise InvalidPromptError(
                         f"{path}.multi_modal_uuids.{named_modality}[{i}]",
                         f"UUID {key!r} is vLLM's key of multi_modal_data[{modality!r}][{j}], which "
@@ -279,7 +279,11 @@ def _vllm_keys(hasher: MediaHasher, modality: str, item: object) -> dict[str, se
 
 def _vllm_forms(modality: str, plain: object) -> list[object]:
     forms: list[object] = []
-    if modality not in ("image", "video", "audio") or (modality == "image" and not is_pil_image(plain)):
+    if modality == "image" and is_pil_image(plain):
+        # vLLM keys its parse by an EXIF ImageID the parse kept (one Pillow cannot turn
+        # upright); our content key is of its pixels.
+        forms += image_parses(plain)
+    elif modality not in ("video", "audio"):
         # Kept as given by vLLM's parser (a list of images as one item, a custom
         # modality's item), and hashed so, an image by its EXIF ImageID where it has one:
         # our content key is of its pixels.

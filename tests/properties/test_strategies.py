@@ -358,6 +358,10 @@ def test_media_identity_reads_video_frames_by_pixels_as_the_model_sees_them() ->
     # A list of images as one image item is kept as it is, for the model to read: by pixels
     # too (the oracle read it by the IDs, agreeing with the keys it should check; helper-80).
     assert S.media_identity("image", black, parsed=True) != S.media_identity("image", white, parsed=True)
+    black[0].info["transparency"] = (0, 0, 0)  # a processor composites it: other pixels
+    assert S.media_identity("image", black, parsed=True) != S.media_identity(
+        "image", _tagged_frames(0), parsed=True
+    )
 
 
 def test_media_identity_reads_an_image_vllm_versions_parse_apart_as_both_parses() -> None:

@@ -474,7 +474,17 @@ def test_the_vllm_key_check_compares_within_one_vllm_version_and_knows_items_kep
         "multi_modal_data": {"image": [image_array(5), tagged]},
         "multi_modal_uuids": {"image": [vllm_key(tagged), None]},
     }
-    for given in (prompt, listed):
+    # A lone image whose EXIF orientation Pillow cannot apply keeps its ImageID through
+    # vLLM's parser, which keys it by the ID; our content key is of its pixels (helper-81).
+    unturned = Image.new("RGB", (8, 8), (10, 20, 30))
+    exif = unturned.getexif()
+    exif[0x800D], exif[0x0112] = uuid.UUID(int=4), [6]
+    lone = {
+        "prompt": "x",
+        "multi_modal_data": {"image": [image_array(6), unturned]},
+        "multi_modal_uuids": {"image": [vllm_key(unturned), None]},
+    }
+    for given in (prompt, listed, lone):
         for pool in _every_road()[1:]:
             with pytest.raises(InvalidPromptError, match="is vLLM's key of multi_modal_data") as caught:
                 scope_stage0(given, pool=pool, hasher=hasher)
