@@ -225,7 +225,7 @@ def _pil_image(update: _Update, image: Any, by_id: bool = True) -> None:
         # For a content key: a processor given the image as it is (in a list as one item)
         # composites a transparency entry onto white (transformers' convert_to_rgb), so
         # the entry is content too. vLLM's hasher, which ours mirrors by_id, reads none.
-        entries.append(("transparency", repr(image.info["transparency"])))
+        entries.append(("transparency", _transparency_entry(image.info["transparency"])))
     _framed(update, b"image")
     update(_TAG_MAPPING)
     update(_length(len(entries)))
@@ -352,6 +352,22 @@ def _parse_inputs(image: Any) -> tuple[object, object]:
     except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
         orientation = None
     return (orientation if type(orientation) is int else repr(orientation), _typed_transparency(image))
+
+
+def _transparency_entry(value: object) -> object:
+    """A transparency entry as a content key hashes it: typed (Pillow composites 5 and
+    fails on 5.0 or np.uint8(5)), and never by repr, which prints numpy scalars by the
+    process's print options. A value of another type is hashed by its type alone: Pillow
+    composites none, so no model input follows from it."""
+    if type(value) in (tuple, list):
+        return [type(value).__name__, *map(_transparency_entry, value)]  # type: ignore[call-overload]
+    if type(value) is int:
+        return ["int", str(value)]
+    if type(value) is bytes:
+        return ["bytes", value]
+    if isinstance(value, np.integer) and type(value).__module__ == "numpy":
+        return [value.dtype.str, str(int(value))]
+    return [f"{type(value).__module__}.{type(value).__qualname__}"]
 
 
 def _typed_transparency(image: Any) -> object:

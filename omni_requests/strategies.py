@@ -921,7 +921,9 @@ def _content(value: object, by_id: bool = True) -> object:
         colors = None if palette is None else (_content(palette.palette, by_id), palette.rawmode)
         # Read as the model sees it, a transparency entry is content (a processor given
         # the image as it is composites it onto white).
-        seen = () if by_id else (repr(media.info.get("transparency")),)
+        seen: tuple[object, ...] = ()
+        if not by_id and "transparency" in media.info:
+            seen = ("transparency", _content(media.info["transparency"]))
         return ("image", media.mode, pixels.dtype.str, pixels.shape, pixels.tobytes(), colors, *seen)
     if kind is MediaKind.TENSOR:
         return ("tensor", str(media.dtype), tuple(media.shape), tensor_bytes(media).numpy().tobytes())
