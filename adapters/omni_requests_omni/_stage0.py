@@ -262,10 +262,14 @@ def _vllm_keys(hasher: MediaHasher, modality: str, item: object) -> dict[str, se
     an image keyed so by 0.34 and other media keyed so by 0.32 are two."""
     plain = thaw(item)
     if modality == "image" and is_pil_image(plain):
+        # vLLM keys its parse (none where it cannot parse it: it fails), by an EXIF
+        # ImageID the parse kept (one Pillow cannot turn upright); ours is of its pixels.
         parses = image_parses(plain)
         if len(parses) > 1:
             pairs = zip(_VERSIONS, parses, strict=True)
             return {version: {hasher.key(modality, parse)} for version, parse in pairs}
+        keys = {hasher.content_key(modality, plain), *(hasher.key(modality, parse) for parse in parses)}
+        return dict.fromkeys(_VERSIONS, keys)
     keys = {hasher.content_key(modality, plain)}
     try:
         forms = _vllm_forms(modality, plain)
@@ -279,11 +283,7 @@ def _vllm_keys(hasher: MediaHasher, modality: str, item: object) -> dict[str, se
 
 def _vllm_forms(modality: str, plain: object) -> list[object]:
     forms: list[object] = []
-    if modality == "image" and is_pil_image(plain):
-        # vLLM keys its parse by an EXIF ImageID the parse kept (one Pillow cannot turn
-        # upright); our content key is of its pixels.
-        forms += image_parses(plain)
-    elif modality not in ("video", "audio"):
+    if modality not in ("video", "audio"):
         # Kept as given by vLLM's parser (a list of images as one item, a custom
         # modality's item), and hashed so, an image by its EXIF ImageID where it has one:
         # our content key is of its pixels.
@@ -511,6 +511,15 @@ def _handed(record: Any, as_dicts: bool) -> object:
     return to_vllm(plain) if as_dicts else plain
 
 
+def _as_read(
+    request: _Request, prompts: object, many: bool
+) -> tuple[list[object], list[object] | None, object]:
+    """The call as read (``_Request.dicts_as_read``): its items, its batch (None for one
+    prompt), and what goes on in the form of ``prompts``."""
+    items = request.dicts_as_read()
+    return items, items if many else None, _like(prompts, items, many)
+
+
 def _like(prompts: object, items: list[object], many: bool) -> object:
     """``items`` in the form of ``prompts``: a tuple for a tuple batch, a list for any other
     batch, the one item for one prompt."""
@@ -728,9 +737,7 @@ def scope_stage0(
         # That ran the odd holders' own code, which could change the plain dicts beside
         # them: every dict goes on as its record's dict, whatever road it takes.
         request = _Request(items, hasher, at)
-        items = request.dicts_as_read()
-        batch = items if many else None
-        prompts = _like(prompts, items, many)
+        items, batch, prompts = _as_read(request, prompts, many)
     if len(pool.replicas) <= 1 and not (
         pool.replicas and any(_scopes(item) and carries_media(item) for item in items)
     ):
@@ -739,15 +746,13 @@ def scope_stage0(
         # still cached on that replica when it was one of several. A scoped record with
         # media is scoped to the one replica instead, below: its old scope would be such keys.
         if request is None and any(map(_names_a_digest, items)):
+            # Keying for the check below runs the caller's code (an image's own loader),
+            # which could change the dicts after their check: they go on as read.
             request = _Request(items, hasher, at)
+            items, batch, prompts = _as_read(request, prompts, many)
         if request is not None:
             # vLLM keys the items without a UUID itself: no UUID may be its key of another.
             _refuse_digest_aliases(request)
-            # Reading and keying ran the caller's code (an image's own loader), which could
-            # change the dicts since they were checked: they go on as read.
-            items = request.dicts_as_read()
-            batch = items if many else None
-            prompts = _like(prompts, items, many)
         why = None if pool.replicas else "stage 0 has no live replica"
         return Stage0Result(None, _unscoped(prompts, batch, why, as_dicts))
     if not _any_carries_media(items, many):
@@ -765,9 +770,9 @@ def scope_stage0(
             _refuse_digest_aliases(request)
             # Keying and select ran the caller's code (a policy, an image's own loader),
             # which could change the dicts since they were checked: they go on as read.
-            read = request.dicts_as_read()
-            prompts, why = _like(prompts, read, many), "pool.select chose no replica"
-            return Stage0Result(None, _unscoped(prompts, read if many else None, why, as_dicts))
+            items, batch, prompts = _as_read(request, prompts, many)
+            why = "pool.select chose no replica"
+            return Stage0Result(None, _unscoped(prompts, batch, why, as_dicts))
         chosen = live_replica_id(replica, pool.replicas)
         if chosen is None:
             raise InvalidPromptError(
