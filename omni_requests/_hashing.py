@@ -344,17 +344,6 @@ def rgb_conversion_error(image: Any) -> Exception | None:
     return None
 
 
-def _parse_inputs(image: Any) -> tuple[object, object]:
-    """The EXIF orientation and the transparency entry: what vLLM's image parser reads
-    besides the pixels, mode and palette (see :func:`_as_vllm_parses_image`)."""
-    try:
-        with exif_untouched(image):
-            orientation = image.getexif().get(EXIF_ORIENTATION)
-    except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
-        orientation = None
-    return (orientation if type(orientation) is int else repr(orientation), _typed_transparency(image))
-
-
 def _transparency_entry(value: object) -> object:
     """A transparency entry as a content key hashes it: typed (Pillow composites 5 and
     fails on 5.0 or np.uint8(5)), and never by repr, which prints numpy scalars by the
@@ -369,12 +358,6 @@ def _transparency_entry(value: object) -> object:
     if isinstance(value, np.integer) and type(value).__module__ == "numpy":
         return [value.dtype.str, str(int(value))]
     return [f"{type(value).__module__}.{type(value).__qualname__}"]
-
-
-def _typed_transparency(image: Any) -> object:
-    """The transparency entry, typed where == would blur it (5.0 fails where 5 flattens)."""
-    transparency = image.info.get("transparency")
-    return transparency if type(transparency) in (int, bytes, type(None)) else repr(transparency)
 
 
 # What Pillow's exif_transpose (in vLLM's parser) looks an orientation up in: 6.0,
@@ -418,9 +401,11 @@ def vllm_turn(image: Any) -> int | None:
 
 def _parsed_as(image: Any) -> tuple[object, object]:
     """What vLLM's parser does with an image besides its pixels, mode and palette: the
-    turn it makes, and the transparency entry (typed: 5.0 fails where 5 flattens).
-    Images alike here and in those parse alike."""
-    return vllm_turn(image), _typed_transparency(image)  # no EXIF read beyond vllm_turn's
+    turn it makes, and the transparency entry as the content key hashes it (typed: 5.0
+    fails where 5 flattens; never by repr, which follows numpy's print options). Images
+    alike here and in those parse alike, and equal records, keys and fingerprints follow
+    it in any process."""
+    return vllm_turn(image), _transparency_entry(image.info.get("transparency"))
 
 
 def _exif_image_id(image: Any) -> bytes | None:
@@ -525,7 +510,7 @@ def _sampled_image(update: _Update, image: Any) -> None:
     _value(update, (image.mode, image.size, None if palette is None else bytes(palette.palette)))
     # What vLLM's parser reads besides the pixels (content_key hashes the parsed image):
     # a key that changes with these must give a fingerprint that does too.
-    _value(update, _parse_inputs(image))
+    _value(update, _parsed_as(image))
     width, height = image.size
     rows = sorted({i * (height - 1) // (_SAMPLED_ROWS - 1) for i in range(_SAMPLED_ROWS)}) if height else []
     for row in rows:  # a few whole rows, packed one at a time

@@ -613,7 +613,7 @@ def seal_image(image: Any) -> Any:
     """
     from PIL import Image  # an image exists, so Pillow is imported already
 
-    from ._hashing import _exif_image_id, _parse_inputs  # here: _hashing imports this module
+    from ._hashing import _exif_image_id, _parsed_as  # here: _hashing imports this module
 
     if _SEALED_IMAGE and isinstance(image, _SEALED_IMAGE[0]) and image.pristine():
         # Pristine: the seal's info and EXIF tags, which a new view of it reads the same.
@@ -651,7 +651,7 @@ def seal_image(image: Any) -> Any:
 
     maker = _image_maker(mode, layout, size, info or None, exif_edits(image))
     view = _register(Seal(size[0] * size[1] * len(layout), fill, maker))
-    if _exif_image_id(view) != _exif_image_id(image) or _parse_inputs(view) != _parse_inputs(image):
+    if _exif_image_id(view) != _exif_image_id(image) or _parsed_as(view) != _parsed_as(image):
         return _as_given(image)  # what vLLM's parser reads is not all in info: keep the image as given
     return view
 

@@ -715,7 +715,7 @@ def test_an_untouched_hand_out_given_back_is_not_parsed_again(
 
     record = TextPrompt(prompt="<image>", multi_modal_data={"image": _tagged(mode="RGBA")})
     first, sent = _sent(record)  # RGBA: a mapping with every Pillow (RGB is copied before 13)
-    for name in ("_parse_inputs", "_exif_image_id"):
+    for name in ("_parsed_as", "_exif_image_id"):
         monkeypatch.setattr(_hashing, name, _never_called)
     again = TextPrompt(prompt="<image>", multi_modal_data={"image": sent})
     assert _sealed.seal_of(again.multi_modal_data["image"][0]) is sent._sealed[0]

@@ -1176,6 +1176,29 @@ def test_a_list_of_images_as_one_image_item_is_keyed_by_its_pixels_not_an_exif_i
         assert hasher.content_key("image", typed) == key != hasher.content_key("image", see_through)
 
 
+def test_equality_and_fingerprints_read_an_image_as_its_key_does_under_any_print_options() -> None:
+    # Record equality and fingerprints read the transparency entry and orientation by
+    # repr, which prints numpy's scalars by the process's options: under legacy printing
+    # (np.uint8(0), 0, 0) read as (0, 0, 0), so two records keyed apart compared equal,
+    # and one image's fingerprint (part of a bound UUID's key) changed with the options.
+    hasher = MediaHasher("m")
+
+    def image(transparency: object) -> Image.Image:
+        made = Image.new("RGB", (8, 8), (0, 0, 0))
+        made.info["transparency"] = transparency
+        made.getexif()[0x0112] = np.int64(6)  # an orientation vLLM's parser turns by
+        return made
+
+    plain, typed = image((0, 0, 0)), image((np.uint8(0), 0, 0))
+    fingerprints = [hasher.fingerprint("image", item) for item in (plain, typed)]
+    assert fingerprints[0] != fingerprints[1]
+    with np.printoptions(legacy="1.25"):
+        records = [TextPrompt(prompt="<image>", multi_modal_data={"image": item}) for item in (plain, typed)]
+        keys = [rendered_uuids(scope_to_replica(r, 0, hasher=hasher))["image"][0] for r in records]  # type: ignore[index]
+        assert keys[0] != keys[1] and records[0] != records[1]
+        assert [hasher.fingerprint("image", item) for item in (plain, typed)] == fingerprints
+
+
 def _transparent_twins() -> tuple[Image.Image, Image.Image]:
     """An RGB image whose transparency colour some pixels have, and the image vLLM 0.34's
     parser makes of it (those pixels white)."""
