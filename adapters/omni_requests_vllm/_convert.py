@@ -238,11 +238,19 @@ def from_vllm(prompt: object) -> Prompt:
     ``$.multi_modal_uuids.image[1]``. The input is never changed.
     """
     if isinstance(prompt, Mapping):
+        holder = type(prompt)
         prompt = _with_plain_keys(prompt)
         try:
-            pair = "encoder_prompt" in prompt
+            pair, rendered = "encoder_prompt" in prompt, "type" in prompt
         except Exception as error:  # noqa: BLE001 - whatever a mapping's own code raises
             raise unreadable("$", error) from None
+        if rendered:  # what vLLM's process_inputs takes as its renderer's output
+            why = "marks an input vLLM has already rendered (its media keyed by its mm_hashes), "
+            why += "which no record holds: build the record from the prompt it was rendered from"
+            if holder is not dict:
+                why += "; scope_stage0 passes one on as it is only in a plain dict, "
+                why += f"not a {holder.__qualname__}"
+            raise InvalidPromptError("$.type", why)
         if pair:
             return _pair_from_vllm(prompt)
     return _single_from_vllm(prompt)

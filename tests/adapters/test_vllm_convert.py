@@ -191,6 +191,15 @@ def test_an_error_naming_a_key_utf8_cannot_carry_still_prints(key: str) -> None:
     assert text.encode("utf-8").decode("utf-8") == text and "unknown field" in text
 
 
+def test_a_rendered_input_is_refused_as_one() -> None:
+    # A dict with a "type" is what vLLM's renderer made (keyed by its mm_hashes): the
+    # error says so, instead of calling "type" an unknown field of a prompt.
+    rendered = {"type": "token", "prompt_token_ids": [1, 2]}
+    with pytest.raises(InvalidPromptError, match=r"already rendered.*prompt it was rendered from") as caught:
+        from_vllm(rendered)  # type: ignore[call-overload]
+    assert caught.value.path == "$.type" and rendered == {"type": "token", "prompt_token_ids": [1, 2]}
+
+
 def test_to_vllm_refuses_non_records() -> None:
     with pytest.raises(PromptTypeError):
         to_vllm({"prompt": "x"})  # type: ignore[call-overload]

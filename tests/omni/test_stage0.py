@@ -948,6 +948,10 @@ def test_a_prompt_keyed_for_the_digest_check_goes_on_as_it_was_keyed(pool: Stage
     }  # ... after the read
 
 
+class _Subclassed(dict[str, Any]):
+    pass
+
+
 def test_a_rendered_inputs_media_keys_are_checked_as_vllm_reads_them() -> None:
     # vLLM keys a rendered input's media by its mm_hashes, read by [] and [i] (see
     # tests/vllm/test_template_reuse.py for a real one); here only their shape matters.
@@ -980,6 +984,12 @@ def test_a_rendered_inputs_media_keys_are_checked_as_vllm_reads_them() -> None:
             assert caught.value.path == path
         clean = rendered({"image": ["abc", "abc"]})  # vLLM's own keys: the same image twice
         assert scope_stage0(clean, pool=pool, hasher=HASHER) == (None, clean)
+        # Held by a dict subclass it is read as a prompt (its code could answer otherwise
+        # the second time), which no record holds: refused as a rendered input, by name,
+        # not as a prompt with an unknown field.
+        with pytest.raises(InvalidPromptError, match=r"already rendered.*only in a plain dict") as caught:
+            scope_stage0(_Subclassed(clean), pool=pool, hasher=HASHER)
+        assert caught.value.path == "$.type"
 
 
 def test_an_engine_scoped_uuid_is_refused_on_every_road_media_or_not() -> None:
