@@ -601,30 +601,52 @@ def _nbytes_hint(item: object) -> int:
 
 
 class _KeyCache:
-    """Digests of items whose bytes cannot change, dropped when one of their arrays dies."""
+    """Digests of items whose bytes cannot change, dropped when one of their arrays dies.
+
+    Each digest is kept with weak references to the objects its key names by id, and a
+    read finds it only while every one of them is alive: dropping and putting are several
+    steps, and a signal handler that raises (a request timeout) can stop one halfway,
+    leaving a digest whose objects are dead. Read unchecked, the next object given that
+    id would have been keyed as the dead one (found by a review, helper-84).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
-        self._digests: dict[Hashable, str] = {}
+        self._digests: dict[Hashable, tuple[str, tuple[weakref.ref[object], ...]]] = {}
         self._watched: dict[int, tuple[weakref.ref[object], set[Hashable]]] = {}
-        # Reads take no lock (a dict read is atomic); the bound method saves a call a read.
-        self.get: Callable[[Hashable], str | None] = self._digests.get
+
+    def get(self, key: Hashable) -> str | None:
+        entry = self._digests.get(key)  # a dict read is atomic: no lock
+        if entry is None:
+            return None
+        for ref in entry[1]:
+            if ref() is None:  # left by a drop cut short: its id may name another object now
+                with self._lock:
+                    if self._digests.get(key) is entry:
+                        del self._digests[key]
+                return None
+        return entry[0]
 
     def put(self, key: Hashable, digest: str, leaves: list[object]) -> None:
         with self._lock:
-            self._digests[key] = digest
+            refs = []
             for leaf in leaves:
                 watched = self._watched.get(id(leaf))
-                if watched is None:
+                if watched is None or watched[0]() is not leaf:  # none, or a dead one's
                     ref = weakref.ref(leaf, self._dropper(id(leaf)))
                     watched = self._watched[id(leaf)] = (ref, set())
                 watched[1].add(key)
+                refs.append(watched[0])
+            self._digests[key] = (digest, tuple(refs))
 
     def _dropper(self, leaf_id: int) -> Callable[[object], None]:
-        def drop(_: object) -> None:
+        def drop(ref: object) -> None:
             with self._lock:
-                watched = self._watched.pop(leaf_id, None)
-                for key in watched[1] if watched else ():
+                watched = self._watched.get(leaf_id)
+                if watched is None or watched[0] is not ref:  # the id was watched anew since
+                    return
+                del self._watched[leaf_id]
+                for key in watched[1]:
                     self._digests.pop(key, None)
 
         return drop

@@ -770,6 +770,64 @@ def test_a_refused_record_keeps_none_of_the_items_it_froze_before_the_refusal() 
     assert (len(_sealed._PROTECTIONS), len(_media._OWN_ARRAYS)) == (protections, own)
 
 
+def _cut_short_at(line_holding: str) -> Any:
+    """A trace function that raises TimeoutError in the key cache's weak-reference callback
+    when it reaches the line holding ``line_holding``: what a request timeout's signal
+    handler does when it lands there, at the one place it matters."""
+    import linecache
+
+    def trace(frame: Any, event: str, _: object) -> Any:
+        if frame.f_code.co_name != "drop" or not frame.f_code.co_filename.endswith("_hashing.py"):
+            return None
+
+        def line(frame: Any, event: str, _: object) -> Any:
+            if event == "line" and line_holding in linecache.getline(
+                frame.f_code.co_filename, frame.f_lineno
+            ):
+                raise TimeoutError("request deadline")
+            return line
+
+        return line
+
+    return trace
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_timeout_inside_the_key_caches_bookkeeping_never_keys_an_array_as_a_dead_one() -> None:
+    # A request timeout landing in the key cache's weak-reference callback, after it
+    # forgot a dead array and before it dropped the array's digests, left a digest under
+    # the dead array's id, read unchecked: every later record array given that id was
+    # sent with the dead one's key (found by a review, helper-84: on an image server
+    # with timeouts, 7,014 of 7,077 completed requests carried another image's key).
+    from omni_requests import _hashing
+
+    hasher = MediaHasher("m")
+    rng = np.random.default_rng(3)
+
+    def own_array() -> Any:
+        record = TextPrompt(
+            prompt="<image>", multi_modal_data={"image": rng.integers(0, 256, (16, 16, 3), np.uint8)}
+        )
+        return record.multi_modal_data["image"][0]
+
+    own = own_array()
+    before = set(_hashing._CACHE._digests)
+    hasher.key("image", own)
+    (cache_key,) = set(_hashing._CACHE._digests) - before
+    previous = sys.gettrace()
+    sys.settrace(_cut_short_at("_digests.pop"))
+    try:
+        del own  # its weak-reference callback raises halfway (Python prints and drops it)
+    finally:
+        sys.settrace(previous)
+    assert _hashing._CACHE.get(cache_key) is None
+    # And end to end: later own arrays (about half the runs give one the dead id) are
+    # keyed as themselves.
+    for _ in range(200):
+        later = own_array()
+        assert hasher.key("image", later) == hasher.key("image", np.array(later))
+
+
 _INTERRUPTED = """
 import gc, signal, sys, time
 import numpy as np
