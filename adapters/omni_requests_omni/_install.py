@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import shutil
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple, Protocol
@@ -365,6 +366,23 @@ def _to_engine(prompt: Any) -> Any:
     return prompt
 
 
+# Where vllm-omni 0.30 lists the folders a model's prompt transform made for a request
+# (REQUEST_ARTIFACT_DIRS_KEY in vllm_omni/data_entry_keys.py; a test reads the wheel's).
+ARTIFACT_DIRS_KEY: Final = "_omni_request_artifact_dirs"
+
+
+def _remove_artifacts(engine_prompt: object) -> None:
+    """What the engine's ``add_request`` does with the caller's prompt when its message
+    cannot be built: remove the folders a model's prompt transform made for the request.
+    vllm-omni lists them in the prompt its builder was given, our copy, which
+    ``add_request`` never sees: each refused request left its folders on disk (found by
+    a review, helper-85)."""
+    folders = engine_prompt.pop(ARTIFACT_DIRS_KEY, None) if type(engine_prompt) is dict else None
+    for folder in folders if isinstance(folders, list) else ():
+        if isinstance(folder, str):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 class Stage0Scoping:
     """What :func:`install_stage0_scoping` put into an engine; :meth:`uninstall` takes it out."""
 
@@ -418,7 +436,11 @@ class Stage0Scoping:
             # An object's id is taken again once it is gone: never an old parent's.
             self._parents.pop(id(engine_prompt), None)
         try:
-            message = self._build(*args, **kwargs)
+            try:
+                message = self._build(*args, **kwargs)
+            except BaseException:
+                _remove_artifacts(engine_prompt)
+                raise
             if call.parent is not None and self._installed and _builds_companions(self.engine, args, kwargs):
                 # vllm-omni builds the companions next, from the message's original_prompt:
                 # this very object, which tells two requests sharing an id apart.
@@ -726,6 +748,10 @@ def install_stage0_scoping(
             )
     if not engine.stage_pools:
         raise PromptTypeError("engine", "has no stage pools: start it before installing")
+    if engine.input_processor is None:  # vllm-omni's where stage 0 has no vLLM config
+        raise PromptTypeError(
+            "engine", "has no input processor (its stage 0 is a diffusion stage): it keys no media to scope"
+        )
     if hasher is None:
         hasher = MediaHasher(str(engine.model), engine._resolve_mm_hasher_algorithm())
     elif not isinstance(hasher, MediaHasher):

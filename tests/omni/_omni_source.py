@@ -107,7 +107,9 @@ def engine_type(root: pathlib.Path) -> type[Any]:
         "EngineCoreRequest": _EngineCoreRequest,
         "OmniEngineCoreRequest": _OmniEngineCoreRequest,
         "TRANSFORM_OWNED_META_KEYS": (),
-        "REQUEST_ARTIFACT_DIRS_KEY": "__artifact_dirs__",
+        "REQUEST_ARTIFACT_DIRS_KEY": module(
+            root, "data_entry_keys.py", "_omni_data_entry_keys"
+        ).REQUEST_ARTIFACT_DIRS_KEY,
         "StageSubmissionMessage": types.SimpleNamespace,
         "AddCompanionRequestMessage": types.SimpleNamespace,
         "deserialize_additional_information": lambda info: info,

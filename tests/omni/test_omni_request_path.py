@@ -675,3 +675,37 @@ def test_a_streaming_update_keeps_no_parent_for_companions() -> None:
         assert installed._parents == {}
     finally:
         installed.uninstall()
+
+
+def test_a_refused_request_leaves_no_folder_of_the_models_prompt_transform(tmp_path: Any) -> None:
+    # vllm-omni lists the folders a model's prompt transform made for a request in the
+    # prompt its message builder is given, and add_request removes them when the
+    # request fails. Installed, that prompt is our copy, which add_request never sees:
+    # every request the scoping refused left its folders on disk (found by a review,
+    # helper-85), and a client can have requests refused at will.
+    assert ROOT is not None
+    key = _omni_source.module(ROOT, "data_entry_keys.py", "_omni_data_entry_keys").REQUEST_ARTIFACT_DIRS_KEY
+    made: list[Any] = []
+
+    def transform(prompt: dict[str, Any], _: object) -> dict[str, Any]:
+        folder = tmp_path / f"request-{len(made)}"
+        folder.mkdir()
+        made.append(folder)
+        prompt[key] = [str(folder)]
+        return prompt
+
+    refused = {
+        "prompt": "<image><image>",
+        "multi_modal_data": {"image": [_pixels(1), _pixels(2)]},
+        "multi_modal_uuids": {"image": ["clip", "clip"]},  # one UUID over two images
+    }
+    for install in (False, True):  # vllm-omni alone (its stand-in helper raises), then ours
+        engine = _engine()
+        engine.prompt_transform_func = transform
+        installed = install_stage0_scoping(engine) if install else None
+        with pytest.raises(AssertionError if installed is None else InvalidPromptError):
+            engine.add_request("req-1", copy.deepcopy(refused), final_stage_id=1)
+        assert not made[-1].exists()
+        if installed is not None:
+            installed.uninstall()
+    assert len(made) == 2

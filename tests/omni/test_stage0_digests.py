@@ -477,6 +477,17 @@ def test_installing_a_handle_already_installed_is_refused_and_changes_nothing() 
     assert "_build_add_request_message" not in vars(engine)
 
 
+def test_an_engine_without_an_input_processor_is_refused_by_name() -> None:
+    # vllm-omni has none where stage 0 is a diffusion stage: installing raised
+    # AttributeError on None (found by a review, helper-85).
+    engine = _Engine()
+    engine.input_processor = None
+    before = dict(vars(engine))
+    with pytest.raises(PromptTypeError, match="has no input processor") as caught:
+        install_stage0_scoping(engine, hasher=MediaHasher(MODEL))
+    assert caught.value.path == "engine" and vars(engine) == before
+
+
 @pytest.mark.parametrize("order", ["AB", "BA"])
 def test_two_engines_sharing_one_input_processor_give_it_back_as_it_was(order: str) -> None:
     # Uninstalled first, A found B's wrapper on top and left its own under it; B's
