@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from ._embedding_fields import EmbeddingFields, is_embedding_modality, merge_embedding_fields
-from ._errors import PromptTypeError, type_name
+from ._errors import NOT_THE_INPUTS, PromptTypeError, type_name
 from ._hashing import image_parses
 from ._keys import check_index
 from ._media import as_made, is_own_array, is_pil_image, is_torch_tensor, thaw
@@ -31,8 +31,9 @@ from ._scoping import key_bases, one_request, unscoped
 from ._sealed import seal_of, unsealed
 
 __all__ = [
-    "EmbeddingFields",
+    "NOT_THE_INPUTS",
     "SINGLE_KINDS",
+    "EmbeddingFields",
     "as_made",
     "check_index",
     "check_one_scope",

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Self
+from typing import Final, Self
 
 __all__ = ["InvalidPromptError", "OmniRequestsError", "PromptTypeError"]
+
+
+# Raised while an input is read, but not by the input: a request timeout's handler, the
+# machine out of memory. Passed on as they are, never reported as a bad input.
+NOT_THE_INPUTS: Final = (TimeoutError, MemoryError)
 
 
 class OmniRequestsError(Exception):

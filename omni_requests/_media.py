@@ -20,7 +20,7 @@ import numpy as np
 from pyrsistent import PMap, PVector, pmap, pvector
 
 from ._embedding_fields import EmbeddingFields
-from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._errors import NOT_THE_INPUTS, InvalidPromptError, PromptTypeError, type_name
 from ._frozen import refuse_second_init
 from ._identity import IdentityMap
 from ._media_bytes import freeze_media_with_bytes, is_media_with_bytes
@@ -546,6 +546,8 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
         check_image_attributes(value, path)  # as loading reads them: a subclass's may raise
         try:  # a file image decodes on first use: fail here, by name, not in a hash
             value.load()  # type: ignore[attr-defined]
+        except NOT_THE_INPUTS:
+            raise
         except Exception as error:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, its own
             raise InvalidPromptError(
                 path, f"the image cannot be read ({type(error).__name__}: {error}); vLLM could not parse it"

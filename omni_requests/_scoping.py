@@ -15,7 +15,7 @@ from typing import Any, Final, TypeVar
 
 from pyrsistent import PMap, PVector, pmap, pvector
 
-from ._errors import InvalidPromptError, OmniRequestsError, PromptTypeError, type_name
+from ._errors import NOT_THE_INPUTS, InvalidPromptError, OmniRequestsError, PromptTypeError, type_name
 from ._hashing import MediaHasher
 from ._keys import _DEFAULT_POLICY, MAX_INDEX, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index, key_text
 from ._media import is_frozen_item, plain_map
@@ -266,7 +266,7 @@ def _keyed(key_of: Callable[[str, Any], str], modality: str, index: int, item: o
     whose transparency Pillow cannot apply, say) raises our error, naming the item."""
     try:
         return key_of(modality, item)
-    except OmniRequestsError:
+    except (OmniRequestsError, *NOT_THE_INPUTS):
         raise
     except Exception as error:  # whatever Pillow, numpy or torch raise on it
         raise InvalidPromptError(

@@ -9,7 +9,9 @@ The stateful adversary that mixes all of them is in ``tests/properties/test_adve
 
 from __future__ import annotations
 
+import base64
 import gc
+import io
 import itertools
 import os
 import pickle
@@ -18,7 +20,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
@@ -42,7 +44,7 @@ from omni_requests import (
     scope_to_replica,
     wire,
 )
-from omni_requests_omni import CacheAffinity, RouteRequest, Stage0Pool, scope_stage0
+from omni_requests_omni import CacheAffinity, DefaultLoader, RouteRequest, Stage0Pool, scope_stage0
 from omni_requests_vllm import from_vllm, to_vllm
 
 from .conftest import numpy_text_beyond_unicode, video
@@ -826,6 +828,63 @@ def test_a_timeout_inside_the_key_caches_bookkeeping_never_keys_an_array_as_a_de
     for _ in range(200):
         later = own_array()
         assert hasher.key("image", later) == hasher.key("image", np.array(later))
+
+
+def _times_out_in(function: str, file_ending: str) -> Any:
+    """A trace function that raises TimeoutError as ``function`` (in a file whose path
+    ends so) is called: a request timeout's signal handler landing there."""
+
+    def trace(frame: Any, event: str, _: object) -> Any:
+        code = frame.f_code
+        if event == "call" and code.co_name == function and code.co_filename.endswith(file_ending):
+            raise TimeoutError("request deadline")
+
+    return trace
+
+
+def _png_data_url() -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (1, 2, 3)).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+_READS: dict[str, tuple[str, str, Callable[[], object]]] = {
+    "keying": (
+        "_digest",
+        "_hashing.py",
+        lambda: to_vllm(
+            scope_to_replica(
+                TextPrompt(prompt="x", multi_modal_data={"video": video(3)}), 0, hasher=MediaHasher("m")
+            )
+        ),
+    ),
+    "reading an image": (
+        "load",
+        "ImageFile.py",
+        lambda: TextPrompt(prompt="x", multi_modal_data={"image": _png(Image.new("RGB", (8, 8)))}),
+    ),
+    "decoding a loaded image": (
+        "load",
+        "ImageFile.py",
+        lambda: DefaultLoader(use_vllm=False)("image", _png_data_url()),
+    ),
+}
+
+
+@pytest.mark.parametrize("road", list(_READS))
+def test_a_request_timeout_while_an_input_is_read_is_not_reported_as_a_bad_input(road: str) -> None:
+    # Every error raised while an input was read became ours, naming the input: a
+    # server's TimeoutError (a 504) reached its client as InvalidPromptError (a 400)
+    # about an item nothing was wrong with (found by a review, helper-84).
+    function, file_ending, read = _READS[road]
+    previous = sys.gettrace()
+    sys.settrace(_times_out_in(function, file_ending))
+    try:
+        with pytest.raises(TimeoutError, match="request deadline"):
+            read()
+    finally:
+        sys.settrace(previous)
+    read()  # and nothing was wrong with it
 
 
 _INTERRUPTED = """

@@ -36,7 +36,7 @@ import attrs
 import numpy as np
 
 from omni_requests import InvalidPromptError, PromptTypeError
-from omni_requests._adapter_api import type_name
+from omni_requests._adapter_api import NOT_THE_INPUTS, type_name
 
 __all__ = [
     "DefaultLoader",
@@ -140,6 +140,8 @@ def _decode_image(data: bytes, mode: str | None) -> object:
         image: Any = Image.open(io.BytesIO(data))
         image = ImageOps.exif_transpose(image) or image
         image.load()
+    except NOT_THE_INPUTS:
+        raise
     except Exception as error:  # noqa: BLE001 - Pillow raises many kinds for bad input
         raise MediaLoadError("$", f"not an image Pillow can read: {type(error).__name__}: {error}") from None
     if mode is None:
@@ -360,7 +362,7 @@ class DefaultLoader:
             )
         try:
             return self._decode(modality, media_type, data, payload)
-        except MediaLoadError:
+        except (MediaLoadError, *NOT_THE_INPUTS):
             raise
         except Exception as error:  # noqa: BLE001 - decoders raise many kinds for bad media
             raise MediaLoadError(
