@@ -106,7 +106,7 @@ def _value(update: _Update, value: object, leaf: _Leaf | None = None) -> None:
             _framed(update, str(key).encode("utf-8"))
             _value(update, element, leaf)
     elif is_media_with_bytes(value):  # vLLM's loaded media: keyed by its bytes (see _media_bytes)
-        feed_media_with_bytes(update, value, leaf or _leaf)
+        feed_media_with_bytes(update, value, _pixels_leaf if leaf is _content_leaf else leaf or _leaf)
     else:
         update(_TAG_LEAF)
         (leaf or _leaf)(update, value)
@@ -137,15 +137,46 @@ def _leaf(update: _Update, value: object) -> None:
         _framed(update, pickle.dumps(value))
 
 
-def _content_leaf(update: _Update, value: object) -> None:
-    """:func:`_leaf` for a content key: a PIL image (a video's frame, an image as vLLM's
-    parser made it) is keyed by its pixels, never by an EXIF ImageID. vLLM's parser
-    stacks a list of frames into one array (the ID gone), so frames sharing an ID are
-    different media to vLLM, and must be to their keys."""
+# A content key's Python scalars are hashed after their type (bool before its base, int).
+_SCALAR_TYPES: Final = (
+    (bool, b"bool"),
+    (int, b"int"),
+    (float, b"float"),
+    (str, b"str"),
+    ((bytes, memoryview), b"bytes"),
+)
+
+
+def _pixels_leaf(update: _Update, value: object) -> None:
+    """:func:`_leaf` with a PIL image (a video's frame, an image as vLLM's parser made it)
+    keyed by its pixels, never by an EXIF ImageID: vLLM's parser stacks a list of frames
+    into one array (the ID gone), so frames sharing an ID are different media to vLLM,
+    and must be to their keys. What a loaded item (``MediaWithBytes``) is read with in a
+    content key: its bytes and the loader's metadata, keyed as vLLM keys them."""
     if is_pil_image(value):
         _pil_image(update, value, by_id=False)
     else:
         _leaf(update, value)
+
+
+def _loaded(item: object) -> bool:
+    """Whether ``item`` is vLLM's loaded media: a ``MediaWithBytes``, or a video's
+    ``(MediaWithBytes(frames, data), metadata)`` as vLLM's parser splits the loader's."""
+    if type(item) is tuple and len(item) == 2:
+        item = item[0]
+    return is_media_with_bytes(item)
+
+
+def _content_leaf(update: _Update, value: object) -> None:
+    """:func:`_pixels_leaf` for a content key, a Python scalar keyed with its type: vLLM's
+    hasher hashes 1 and 5e-324 (or "abc" and b"abc") as the same bytes, but its parser
+    makes an audio list ``[0.5, 1]`` the array ``[0.5, 1.0]`` and ``[0.5, 5e-324]``
+    another, which the model hears apart (found by a review, helper-83)."""
+    for kind, name in _SCALAR_TYPES:
+        if isinstance(value, kind):
+            _framed(update, name)
+            break
+    _pixels_leaf(update, value)
 
 
 def _ndarray(update: _Update, array: np.ndarray[Any, Any]) -> None:
@@ -221,6 +252,10 @@ def _pil_image(update: _Update, image: Any, by_id: bool = True) -> None:
         entries.append(("palette", palette.palette))
         if palette.rawmode is not None:
             entries.append(("palette_rawmode", palette.rawmode))
+        if not by_id:
+            # For a content key: one palette's bytes read as RGB or as RGBA are other
+            # colours (vLLM's hasher, which ours mirrors by_id, reads no palette mode).
+            entries.append(("palette_mode", palette.mode))
     if not by_id and "transparency" in image.info:
         # For a content key: a processor given the image as it is (in a list as one item)
         # composites a transparency entry onto white (transformers' convert_to_rgb), so
@@ -841,7 +876,9 @@ class MediaHasher:
         return blake3(max_threads=blake3.AUTO) if nbytes >= _PARALLEL_BYTES else blake3()
 
     def _pixels_digest(self, modality: str, item: object) -> str:
-        return self._digest(modality, item, _content_leaf)
+        # A loaded item (a video as vLLM's parser splits it too) as vLLM keys it: by its
+        # bytes, with the loader's metadata, whose types the loader fixes.
+        return self._digest(modality, item, _pixels_leaf if _loaded(item) else _content_leaf)
 
     def _parsed_image_digest(self, modality: str, parsed: Any) -> str:
         """The digest of what vLLM's parser makes of an image (:func:`_as_vllm_parses_image`),
@@ -860,7 +897,9 @@ class MediaHasher:
         update: _Update = hasher.update
         gathering = _Gathering(update, self.algorithm) if nbytes >= 2 * _TIMED_PART_BYTES else None
         for name, value in sorted((("model_id", self.model_id), (modality, item), *extra)):
-            _named(gathering or update, name, value, leaf)
+            # The model string as vLLM frames it, whatever the item's leaves are read as
+            # (no modality or extra field is named so).
+            _named(gathering or update, name, value, _leaf if name == "model_id" else leaf)
         if gathering is not None:
             gathering.finish()
         digest: str = hasher.hexdigest()

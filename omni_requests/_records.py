@@ -1150,6 +1150,8 @@ def values_equal(a: Any, b: Any, depth: int = 0) -> bool:
         return type(a) is type(b) and a.dtype == b.dtype and a.tobytes() == b.tobytes()
     if isinstance(a, float):
         return type(b) is float and np.array(a).tobytes() == np.array(b).tobytes()
+    if type(a) in (bool, int, str, bytes):  # typed, as the content key reads them: 1 is not True
+        return type(a) is type(b) and a == b
     return same_value(a, b)  # an option's own ==, where one that raises means "not equal"
 
 

@@ -906,7 +906,9 @@ def _content(value: object, by_id: bool = True) -> object:
     if isinstance(value, memoryview):
         return value.tobytes()
     if isinstance(value, (int, float)):  # vLLM hashes np.array(value).tobytes(), untagged
-        return ("number", np.array(value).tobytes())
+        # Read as the model gets it, 1 and 5e-324 (the same bytes) are other numbers.
+        typed = () if by_id else (type(value).__name__,)
+        return ("number", *typed, np.array(value).tobytes())
     media: Any = value
     kind = media_kind(value)
     if kind is MediaKind.ARRAY:
@@ -918,7 +920,11 @@ def _content(value: object, by_id: bool = True) -> object:
             return image_id
         pixels = np.asarray(media)
         palette = media.palette
-        colors = None if palette is None else (_content(palette.palette, by_id), palette.rawmode)
+        colors: tuple[object, ...] | None = None
+        if palette is not None:
+            colors = (_content(palette.palette, by_id), palette.rawmode)
+            if not by_id:  # one palette's bytes as RGB or RGBA: other colours
+                colors = (*colors, palette.mode)
         # Read as the model sees it, a transparency entry is content (a processor given
         # the image as it is composites it onto white).
         seen: tuple[object, ...] = ()

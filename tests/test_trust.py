@@ -59,9 +59,9 @@ def _sent(record: Any, modality: str = "video") -> tuple[str, Any]:
 
 
 def _truth(modality: str, item: Any, prefix: str = "stage0:rep0:") -> str:
-    """The key of ``item`` hashed afresh, from a private copy (no cache can answer)."""
+    """The content key of ``item`` hashed afresh, from a private copy (no cache can answer)."""
     fresh = item.copy() if isinstance(item, np.ndarray) else item
-    return prefix + HASHER.key(modality, fresh)
+    return prefix + HASHER.content_key(modality, fresh)
 
 
 # -- 1. freezing an array freezes its bytes --
@@ -587,7 +587,7 @@ def test_a_layout_set_in_place_while_a_key_is_computed_cannot_stale_it(
         def sends_the_key_of_what_it_sends(record: Any, policy: Any = policy) -> None:
             key, sent = _sent(record, modality)
             if policy is None:
-                assert key == "stage0:rep0:" + HASHER.key(modality, copy_of(sent))
+                assert key == "stage0:rep0:" + HASHER.content_key(modality, copy_of(sent))
             else:
                 assert f"bound:{HASHER.fingerprint(modality, copy_of(sent))}:" in key
 
@@ -1314,6 +1314,62 @@ def test_equality_and_fingerprints_read_an_image_as_its_key_does_under_any_print
         keys = [rendered_uuids(scope_to_replica(r, 0, hasher=hasher))["image"][0] for r in records]  # type: ignore[index]
         assert keys[0] != keys[1] and records[0] != records[1]
         assert [hasher.fingerprint("image", item) for item in (plain, typed)] == fingerprints
+
+
+def test_python_numbers_and_texts_are_keyed_with_their_type() -> None:
+    # vLLM's hasher hashes a Python number by its 8 bytes and a str by its UTF-8: 1 and
+    # 5e-324, "abc" and b"abc" hashed alike. Its parser makes an audio list an array,
+    # so [0.5, 1] and [0.5, 5e-324] are other sounds: they shared a scoped key, and one
+    # UUID over both was taken as one item (found by a review, helper-83; a renderer
+    # shows the stale features in tests/vllm/test_renderer.py).
+    hasher = MediaHasher("m")
+    tiny = float(np.array(1).view(np.float64))  # 5e-324: the float whose bits are the int 1
+
+    def key(modality: str, item: object) -> str:
+        record = TextPrompt(prompt="x", multi_modal_data={modality: item})
+        return rendered_uuids(scope_to_replica(record, 0, hasher=hasher))[modality][0]  # type: ignore[index]
+
+    pairs: list[tuple[str, object, object]] = [
+        ("audio", [0.5, 1], [0.5, tiny]),
+        (
+            "audio",
+            (np.zeros(4, np.float32), 1.0),
+            (np.zeros(4, np.float32), int(np.array(1.0).view(np.int64))),
+        ),
+        ("video", (video(2), {"fps": 1.0}), (video(2), {"fps": int(np.array(1.0).view(np.int64))})),
+        ("video", (video(2), {"codec": "abc"}), (video(2), {"codec": b"abc"})),
+        ("sensor", [True, 2], [1, 2]),
+    ]
+    for modality, a, b in pairs:
+        assert key(modality, a) != key(modality, b), (modality, a, b)
+        assert TextPrompt(prompt="x", multi_modal_data={modality: a}) != TextPrompt(
+            prompt="x", multi_modal_data={modality: b}
+        )
+    with pytest.raises(InvalidPromptError, match="other media") as caught:
+        TextPrompt(
+            prompt="x",
+            multi_modal_data={"audio": [[0.5, 1], [0.5, tiny]]},
+            multi_modal_uuids={"audio": ["clip", "clip"]},
+        )
+    assert caught.value.path == "$.multi_modal_uuids.audio[1]"
+
+
+def test_a_palettes_mode_is_part_of_an_images_content_key() -> None:
+    # One palette's bytes read as RGB or as RGBA are other colours once converted; an
+    # image keyed by its pixels (in a list as one item, a video's frame, a custom
+    # modality) hashed the palette's bytes and raw mode, not its mode (helper-83).
+    indices = np.arange(64, dtype=np.uint8).reshape(8, 8) % 12
+    colours = list(range(48))
+    images = []
+    for rawmode in ("RGB", "RGBA"):
+        image = Image.fromarray(indices, "L").convert("P")
+        image.putpalette(colours, rawmode=rawmode)
+        images.append(image)
+    assert images[0].palette.palette == images[1].palette.palette  # the same bytes ...
+    assert images[0].convert("RGB").tobytes() != images[1].convert("RGB").tobytes()  # ... other colours
+    hasher = MediaHasher("m")
+    for modality, item in (("image", lambda im: [im]), ("sensor", lambda im: im)):
+        assert hasher.content_key(modality, item(images[0])) != hasher.content_key(modality, item(images[1]))
 
 
 def _transparent_twins() -> tuple[Image.Image, Image.Image]:

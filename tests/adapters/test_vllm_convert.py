@@ -51,8 +51,9 @@ def test_media_become_plain_lists_and_keys_are_rendered(hasher: MediaHasher) -> 
     assert np.array_equal(item[0], frames) and not np.shares_memory(item[0], frames)
     assert out["mm_processor_kwargs"] == {"size": {"shortest_edge": 8}}
     assert type(out["mm_processor_kwargs"]["size"]) is dict
+    # The base is the content key, not vLLM's: the metadata's numbers are hashed typed.
     assert out["multi_modal_uuids"] == {
-        "video": [f"stage0:rep1:{hasher.key('video', p.multi_modal_data['video'][0])}"]
+        "video": [f"stage0:rep1:{hasher.content_key('video', p.multi_modal_data['video'][0])}"]
     }
 
 

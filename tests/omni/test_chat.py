@@ -343,7 +343,7 @@ def test_chat_media_is_keyed_exactly_like_the_same_media_in_a_plain_prompt() -> 
     assert (
         uuids_of(chat_out)
         == uuids_of(plain_out)
-        == {"audio": ["stage0:rep0:" + HASHER.key("audio", (samples, rate))]}
+        == {"audio": ["stage0:rep0:" + HASHER.content_key("audio", (samples, rate))]}
     )
 
 

@@ -462,7 +462,7 @@ def test_encoder_decoder_prompts_are_scoped_in_both_parts() -> None:
     }
     _, out = scope_stage0(as_dict, pool=_pool(2, lambda _: 1), hasher=HASHER)
     key = out["encoder_prompt"]["multi_modal_uuids"]["audio"][0]
-    assert key == "stage0:rep1:" + HASHER.key("audio", (np.ones(8, np.float32), 16000))
+    assert key == "stage0:rep1:" + HASHER.content_key("audio", (np.ones(8, np.float32), 16000))
     assert "multi_modal_uuids" not in out["decoder_prompt"]
     record = from_vllm(as_dict)
     assert isinstance(record, EncoderDecoderPrompt)

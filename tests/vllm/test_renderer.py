@@ -527,3 +527,28 @@ def _set_exif(image: Image.Image, tag: int, value: object) -> Image.Image:
 def _set_info(image: Image.Image, name: str, value: object) -> Image.Image:
     image.info[name] = value
     return image
+
+
+def test_audio_lists_vllms_parser_makes_other_arrays_of_get_other_scoped_keys(
+    qwen2_audio: TinyModel, fresh_renderer: Any
+) -> None:
+    # vLLM's hasher hashes a Python number by its 8 bytes, untyped: the int whose bits are
+    # a float's hashed as that float, and a list of such ints keyed as the float list.
+    # vLLM's parser makes both lists arrays (ints as ints), other sounds to the model: one
+    # scoped key over both, and the cached renderer served the floats' features for the
+    # ints (found by a review, helper-83).
+    renderer = fresh_renderer("qwen2_audio")  # one frontend, vLLM's default processor cache
+    hasher = MediaHasher(qwen2_audio.model_id)
+    floats = [float(x) for x in np.sin(np.linspace(0, 50, 1600))]
+    bits = [int(np.array(x).view(np.int64)) for x in floats]
+    records = [
+        TextPrompt(prompt=qwen2_audio.prompt(audio=1), multi_modal_data={"audio": [wave]})
+        for wave in (floats, bits)
+    ]
+    sent = [render(renderer, to_vllm(scope_to_replica(r, 1, hasher=hasher))) for r in records]
+    keys = [_only_key(result, "audio") for result in sent]
+    assert keys[0] != keys[1]
+    features = [result["mm_kwargs"]["audio"][0] for result in sent]
+    assert features[1] is not None  # processed anew, not served from the floats' entry
+    assert not torch.equal(features[0].get_data()["input_features"], features[1].get_data()["input_features"])
+
