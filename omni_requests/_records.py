@@ -1291,7 +1291,7 @@ class _Prompt(_Derived):
                     )
         view = media_view(data, uuids)
         if uuids:
-            _check_one_item_per_uuid(view)
+            _check_one_item_per_uuid(view, options=_options(self))
             _check_uuids_name_their_items(self.multi_modal_uuids, view)
             if self.scope is not None and self.scope.policy.bind_content:
                 check_bindable(view)  # a copy of a bound record (replace_media, evolve) too
@@ -1367,8 +1367,46 @@ def _same_media(modality: str, a: object, b: object) -> bool:
     return _SAME_MEDIA._content_key(modality, a) == _SAME_MEDIA._content_key(modality, b)
 
 
+# A prompt's processor and media-io options.
+_Options = tuple[FrozenDict[str, Any] | None, FrozenDict[str, Any] | None]
+
+
+# The options vLLM reads a modality's own processor options under (its hash factors).
+_OWN_PROCESSOR_OPTIONS: Final = {"image": "images_kwargs", "video": "videos_kwargs", "audio": "audio_kwargs"}
+
+
+def _rehashes_uuids(
+    modality: str, options: tuple[FrozenDict[str, Any] | None, FrozenDict[str, Any] | None]
+) -> bool:
+    """Whether vLLM keys a UUID of ``modality`` by a hash of the UUID, the modality's name
+    and the prompt's options that concern it, rather than by the UUID as it is.
+
+    Its rule (the same in vLLM 0.30, 0.32 and 0.34, read and run by a review, helper-86):
+    the modality's ``media_io_kwargs`` entry, if not empty, and every processor option
+    that is no other modality's own (``images_kwargs``, ...), whatever its value. Only the
+    prompt's options count: the engine's are merged after keying.
+    """
+    processor, media_io = options
+    if media_io is not None and media_io.get(modality):
+        return True
+    if not processor:
+        return False
+    own = _OWN_PROCESSOR_OPTIONS.get(modality)
+    if own is None:  # a modality with no options of its own: every option counts
+        return True
+    others = _OWN_PROCESSOR_OPTIONS.values()
+    return any(name == own or name not in others for name in processor)
+
+
+def _options(prompt: Any) -> _Options:
+    return prompt.mm_processor_kwargs, prompt.media_io_kwargs
+
+
 def _check_one_item_per_uuid(
-    view: tuple[MediaRow, ...], named: dict[str, tuple[str, str, object]] | None = None, part: str = ""
+    view: tuple[MediaRow, ...],
+    named: dict[str, tuple[str, str, object]] | None = None,
+    part: str = "",
+    options: _Options = (None, None),
 ) -> dict[str, tuple[str, str, object]]:
     """Refuse a UUID that names two different items of one record (or pair: ``named``
     from its encoder part, ``part`` the path of the part checked); returns ``named``.
@@ -1378,7 +1416,10 @@ def _check_one_item_per_uuid(
     be served the first's features. The same media under one UUID (the same object, or
     equal items in the same form, compared by content key) and an item asked for from
     the cache under the UUID of an item of its modality that the record sends are one
-    item, and taken.
+    item, and taken. So are items of two modalities whose UUIDs vLLM hashes with their
+    modality's name (``options``, the part's processor and media-io options: see
+    :func:`_rehashes_uuids`), as its chat parser names a video's audio with the video's
+    UUID under ``use_audio_in_video``.
     """
     named = {} if named is None else named
     for modality, items, given in view:
@@ -1396,6 +1437,13 @@ def _check_one_item_per_uuid(
             first_modality, first_place, first_item = first
             if first_modality == modality and (item is None or _same_media(modality, item, first_item)):
                 continue
+            if (
+                first_modality != modality
+                and first_place.startswith(part)  # in this part: keyed with these options
+                and _rehashes_uuids(modality, options)
+                and _rehashes_uuids(first_modality, options)
+            ):
+                continue  # two keys: vLLM hashes each UUID with its modality's name
             raise InvalidPromptError(
                 f"$.{part}multi_modal_uuids.{modality}[{i}]",
                 f"UUID {uuid!r} also names {first_place}, "
@@ -1548,8 +1596,10 @@ class EncoderDecoderPrompt:
         # a UUID in both names one item there.
         decoder = self.decoder_prompt
         if decoder is not None and self.encoder_prompt._view and decoder._view:
-            named = _check_one_item_per_uuid(self.encoder_prompt._view, part="encoder_prompt.")
-            _check_one_item_per_uuid(decoder._view, named, part="decoder_prompt.")
+            named = _check_one_item_per_uuid(
+                self.encoder_prompt._view, part="encoder_prompt.", options=_options(self.encoder_prompt)
+            )
+            _check_one_item_per_uuid(decoder._view, named, part="decoder_prompt.", options=_options(decoder))
 
 
 def check_one_scope(pair: EncoderDecoderPrompt) -> None:

@@ -552,3 +552,37 @@ def test_audio_lists_vllms_parser_makes_other_arrays_of_get_other_scoped_keys(
     assert features[1] is not None  # processed anew, not served from the floats' entry
     assert not torch.equal(features[0].get_data()["input_features"], features[1].get_data()["input_features"])
 
+
+def test_one_uuid_over_two_modalities_is_two_keys_where_vllm_hashes_it_with_their_options(
+    qwen2_vl: TinyModel, fresh_renderer: Any
+) -> None:
+    # vLLM's chat parser names a video's audio with the video's UUID under
+    # use_audio_in_video; records take one UUID over two modalities where the prompt's
+    # options make vLLM hash it with each modality's name. An image and a video here (the
+    # tiny Qwen2-VL takes no audio): vLLM keys them apart and renders each as itself.
+    renderer = fresh_renderer("qwen2_vl")  # vLLM's default processor cache
+    hasher = MediaHasher(qwen2_vl.model_id)
+    data = {"image": [_pixels(28, 56)], "video": [_frames()]}
+    record = TextPrompt(
+        prompt=qwen2_vl.prompt(image=1, video=1),
+        multi_modal_data=data,
+        multi_modal_uuids={"image": ["clip-9"], "video": ["clip-9"]},
+        mm_processor_kwargs={"use_audio_in_video": True},
+    )
+    for sent in (to_vllm(record), to_vllm(scope_to_replica(record, 1, hasher=hasher))):
+        keys = tm.mm_hashes_of(render(renderer, sent))
+        assert keys["image"] != keys["video"]
+    # Each rendered as itself, as when sent alone (a cache shared by one key would not).
+    both = render(fresh_renderer("qwen2_vl"), to_vllm(record))["mm_kwargs"]
+    for modality, items in data.items():
+        alone = {"prompt": qwen2_vl.prompt(**{modality: 1}), "multi_modal_data": {modality: items}}
+        fields = render(fresh_renderer("qwen2_vl"), alone)["mm_kwargs"][modality][0].get_data()
+        for name, value in fields.items():
+            assert torch.equal(both[modality][0].get_data()[name], value), (modality, name)
+    # Without such options vLLM takes the UUID as it is for both: one key, refused.
+    with pytest.raises(InvalidPromptError, match="UUID 'clip-9' also names"):
+        TextPrompt(
+            prompt=qwen2_vl.prompt(image=1, video=1),
+            multi_modal_data=data,
+            multi_modal_uuids={"image": ["clip-9"], "video": ["clip-9"]},
+        )
