@@ -576,7 +576,14 @@ class Stage0Scoping:
             # holds it, as the pool's own select_replica_id keeps it: asked again, the
             # balancer could send the update to a replica that has no such request.
             return held  # type: ignore[no-any-return]
-        index = self.balancer.select({"request_id": request_id, "media_keys": route.media_keys}, replicas)
+        try:
+            index = self.balancer.select({"request_id": request_id, "media_keys": route.media_keys}, replicas)
+        except (AttributeError, TypeError) as error:  # it read a replica as a ReplicaInfo
+            raise PromptTypeError(
+                "balancer",
+                "cannot choose among a local pool's replicas, which it is given as their int ids "
+                f"(vllm-omni's distributed pools give ReplicaInfos): {type(error).__name__}: {error}",
+            ) from error
         replica = replicas[index]
         _bind(pool, request_id, replica)
         return replica

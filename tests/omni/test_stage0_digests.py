@@ -347,6 +347,33 @@ class _DistributedPool(_Pool):
         return self.serviceable[self._lb.select(task, self.serviceable)]
 
 
+def test_a_balancer_that_reads_replica_infos_is_named_on_a_local_pool() -> None:
+    # A local pool's replicas reach the balancer as int ids; vllm-omni's own
+    # LeastQueueLengthBalancer reads each one's queue_length and failed every media
+    # request with a bare AttributeError (found by a review, helper-85).
+    load_balancer = pytest.importorskip("vllm_omni.distributed.omni_coordinator.load_balancer")
+    engine = _Engine()
+    installed = install_stage0_scoping(
+        engine, hasher=MediaHasher(MODEL), balancer=load_balancer.LeastQueueLengthBalancer()
+    )
+    try:
+        with pytest.raises(PromptTypeError, match="given as their int ids") as caught:
+            engine.add_request("req-1", TextPrompt(prompt="<image>", multi_modal_data=_media(5)))
+        assert caught.value.path == "balancer"
+    finally:
+        installed.uninstall()
+    installed = install_stage0_scoping(
+        engine, hasher=MediaHasher(MODEL), balancer=load_balancer.RandomBalancer()
+    )
+    try:  # one that reads nothing of them chooses as before
+        assert engine.add_request("req-2", TextPrompt(prompt="<image>", multi_modal_data=_media(5)))[0] in (
+            0,
+            1,
+        )
+    finally:
+        installed.uninstall()
+
+
 def test_a_distributed_pool_picks_with_the_attached_balancer_and_the_requests_keys() -> None:
     # docs/engine-integration.md: the balancer is attached to stage 0's pool, "whose
     # distributed pick then uses it too", with the request's media keys in the task.
