@@ -607,6 +607,17 @@ def _check_item_arrays(where: str, modality: str, items: Sequence[object], *, sp
     video with too few dimensions, any item with too many, and arrays of no numbers.
     ``split``: the items are the elements of one array or tensor vLLM's parser splits (a
     2-D image array into its rows)."""
+    if not split and items and media_kind(items[0]) is MediaKind.TENSOR and _ndim(items[0]) == 2:
+        # vLLM's parser reads a list whose first item is a 2-D tensor as the modality's
+        # embeddings, one per item, and refuses the list if any other item is not one.
+        for i, item in enumerate(items[1:], 1):
+            if media_kind(item) is not MediaKind.TENSOR or _ndim(item) != 2:
+                kind = type_name(item) if _ndim(item) is None else f"{_ndim(item)}-D {type_name(item)}"
+                raise PromptTypeError(
+                    f"{where}[{i}]",
+                    f"is a {kind} where item [0] is a 2-D tensor: vLLM's parser reads the list as "
+                    f"{modality} embeddings, each a 2-D tensor (seq_len, hidden_size)",
+                )
     for i, item in enumerate(items):
         ndim = _ndim(item)
         if ndim is None:

@@ -547,7 +547,8 @@ def media_items(modality: str, *, embeddings: bool = False) -> st.SearchStrategy
     cannot turn into RGB), (height, width, channels) uint8 arrays, or 3-D arrays of any
     dtype and layout from :func:`arrays` (the model's processor takes no image of fewer
     dimensions). With ``embeddings`` an item may also be a 2-D float tensor of precomputed
-    embeddings (needs torch).
+    embeddings (needs torch); the prompt strategies make a modality whose first item is
+    one hold only such tensors, as vLLM's parser reads the list.
     """
     where = "media_items()"
     if modality not in MODALITIES:
@@ -576,8 +577,18 @@ def _media_items(modality: str, embeddings: bool) -> st.SearchStrategy[Any]:
     else:
         options.append(audios())
     if embeddings:
-        options.append(tensors(dtypes=("float32", "float16", "bfloat16"), min_dims=2, max_dims=2, max_side=4))
+        options.append(_embedding_tensors())
     return st.one_of(options)
+
+
+def _embedding_tensors() -> st.SearchStrategy[Any]:
+    return tensors(dtypes=("float32", "float16", "bfloat16"), min_dims=2, max_dims=2, max_side=4)
+
+
+def _is_embedding(item: object) -> bool:
+    """A 2-D tensor: as a modality's first item, vLLM's parser reads the list as embeddings
+    and refuses any other item in it."""
+    return media_kind(item) is MediaKind.TENSOR and item.ndim == 2  # type: ignore[attr-defined]
 
 
 def multi_modal_data(
@@ -601,7 +612,13 @@ def _multi_modal_data(
     draw: st.DrawFn, modalities: tuple[str, ...], min_modalities: int, max_items: int, embeddings: bool
 ) -> dict[str, list[Any]]:
     drawn = draw(st.lists(st.sampled_from(modalities), min_size=min_modalities, unique=True))
-    return {m: draw(st.lists(_media_items(m, embeddings), min_size=1, max_size=max_items)) for m in drawn}
+    data = {}
+    for modality in drawn:
+        items = draw(st.lists(_media_items(modality, embeddings), min_size=1, max_size=max_items))
+        if _is_embedding(items[0]):  # then every item is one
+            items[1:] = [draw(_embedding_tensors()) for _ in items[1:]]
+        data[modality] = items
+    return data
 
 
 # -- prompt records -------------------------------------------------------------------
@@ -659,8 +676,14 @@ def _media_fields(draw: st.DrawFn, options: _MediaOptions) -> dict[str, Any]:
             uuid_ = draw(new_uuids) if options.user_uuids and draw(st.booleans()) else None
             if uuid_ is not None:
                 used.add(uuid_)
-            cached_only = uuid_ is not None and options.none_items and draw(st.booleans())
-            items.append(None if cached_only else draw(_media_items(modality, options.embeddings)))
+            embedded = bool(items) and _is_embedding(items[0])  # then every item is one
+            cached_only = uuid_ is not None and options.none_items and not embedded and draw(st.booleans())
+            if cached_only:
+                items.append(None)
+            else:
+                items.append(
+                    draw(_embedding_tensors() if embedded else _media_items(modality, options.embeddings))
+                )
             keys.append(uuid_)
         data[modality] = items
         if any(k is not None for k in keys):
@@ -1011,7 +1034,9 @@ def _templates_with_copies(
                 if uuid_ is not None and not new_uuids:
                     row.append(item)  # a fixed asset of the template: same item, same UUID
                 else:
-                    row.append(None if item is None else _fresh_item(draw, modality, used))
+                    row.append(
+                        None if item is None else _fresh_item(draw, modality, used, _is_embedding(item))
+                    )
                 keys.append(None if uuid_ is None else _fresh_uuid(draw, used) if new_uuids else uuid_)
             data[modality] = row
             if given is not None:
@@ -1033,10 +1058,11 @@ def _fresh_uuid(draw: st.DrawFn, used: set[tuple[str, ...]]) -> str:
     reject()
 
 
-def _fresh_item(draw: st.DrawFn, modality: str, used: set[tuple[str, ...]]) -> Any:
-    """A media item whose identity no item seen so far has (``used`` is updated)."""
+def _fresh_item(draw: st.DrawFn, modality: str, used: set[tuple[str, ...]], embedding: bool) -> Any:
+    """A media item whose identity no item seen so far has (``used`` is updated); an
+    embedding tensor where it replaces one (a list of embeddings stays one)."""
     for _ in range(8):
-        item = draw(_media_items(modality, False))
+        item = draw(_embedding_tensors() if embedding else _media_items(modality, False))
         identity = media_identity(modality, item, parsed=True)
         if identity not in used:
             used.add(identity)

@@ -62,6 +62,10 @@ REFUSED: dict[str, tuple[str, Any, int]] = {
     "audio 4-D whole": ("audio", f32(1, 1, 2, 1600), 1),
     "audio [(3-D array, 16000)]": ("audio", [(f32(1, 2, 1600), 16000)], 1),
     "audio [(3-D tensor, 16000)]": ("audio", [(torch.zeros(1, 2, 1600), 16000)], 1),
+    # A first item of 2-D tensor makes the list embeddings, each a 2-D tensor (helper-83).
+    "image [2-D tensor, 3-D array]": ("image", [torch.zeros(4, 8), u8(28, 28, 3)], 2),
+    "video [2-D tensor, 4-D array]": ("video", [torch.zeros(4, 8), u8(2, 28, 28, 3)], 2),
+    "audio [2-D tensor, 1-D array]": ("audio", [torch.zeros(4, 8), f32(1600)], 2),
 }
 
 KEPT: dict[str, tuple[str, Any, int]] = {
