@@ -1386,9 +1386,7 @@ _Options = tuple[FrozenDict[str, Any] | None, FrozenDict[str, Any] | None]
 _OWN_PROCESSOR_OPTIONS: Final = {"image": "images_kwargs", "video": "videos_kwargs", "audio": "audio_kwargs"}
 
 
-def _rehashes_uuids(
-    modality: str, options: tuple[FrozenDict[str, Any] | None, FrozenDict[str, Any] | None]
-) -> bool:
+def _rehashes_uuids(modality: str, options: _Options) -> bool:
     """Whether vLLM keys a UUID of ``modality`` by a hash of the UUID, the modality's name
     and the prompt's options that concern it, rather than by the UUID as it is.
 
