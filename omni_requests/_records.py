@@ -1411,12 +1411,17 @@ def _options(prompt: Any) -> _Options:
     return prompt.mm_processor_kwargs, prompt.media_io_kwargs
 
 
+# Per UUID, per modality: where the UUID first names an item, and the first item it sends
+# under it (None while it names only cached-only items).
+_Named = dict[str, dict[str, tuple[str, object]]]
+
+
 def _check_one_item_per_uuid(
     view: tuple[MediaRow, ...],
-    named: dict[str, tuple[str, str, object]] | None = None,
+    named: _Named | None = None,
     part: str = "",
     options: _Options = (None, None),
-) -> dict[str, tuple[str, str, object]]:
+) -> _Named:
     """Refuse a UUID that names two different items of one record (or pair: ``named``
     from its encoder part, ``part`` the path of the part checked); returns ``named``.
 
@@ -1428,7 +1433,7 @@ def _check_one_item_per_uuid(
     item, and taken. So are items of two modalities whose UUIDs vLLM hashes with their
     modality's name (``options``, the part's processor and media-io options: see
     :func:`_rehashes_uuids`), as its chat parser names a video's audio with the video's
-    UUID under ``use_audio_in_video``.
+    UUID under ``use_audio_in_video``; within each modality, one item still.
     """
     named = {} if named is None else named
     for modality, items, given in view:
@@ -1438,28 +1443,37 @@ def _check_one_item_per_uuid(
             if uuid is None:
                 continue
             item = items[i]
-            first = named.get(uuid)
-            if first is None or (first[2] is None and item is not None and first[0] == modality):
-                # compared with the first item it sends
-                named[uuid] = (modality, f"{part}multi_modal_data[{modality!r}][{i}]", item)
-                continue
-            first_modality, first_place, first_item = first
-            if first_modality == modality and (item is None or _same_media(modality, item, first_item)):
-                continue
-            if (
-                first_modality != modality
-                and first_place.startswith(part)  # in this part: keyed with these options
-                and _rehashes_uuids(modality, options)
-                and _rehashes_uuids(first_modality, options)
-            ):
-                continue  # two keys: vLLM hashes each UUID with its modality's name
-            raise InvalidPromptError(
-                f"$.{part}multi_modal_uuids.{modality}[{i}]",
-                f"UUID {uuid!r} also names {first_place}, "
-                "which is other media; a UUID is the engine's cache key for one item, so this item "
-                "would be served that one's features. Give each item its own UUID",
-            )
+            place = f"{part}multi_modal_data[{modality!r}][{i}]"
+            under = named.setdefault(uuid, {})
+            first = under.get(modality)
+            if first is not None:  # one key for both, whatever the options
+                first_place, first_item = first
+                if first_item is None and item is not None:
+                    under[modality] = (place, item)  # compared with the first item it sends
+                    continue
+                if item is None or _same_media(modality, item, first_item):
+                    continue
+                raise _one_uuid_over_two(uuid, part, modality, i, first_place)
+            for other, (other_place, _) in under.items():
+                if not (
+                    other_place.startswith(part)  # in this part: keyed with these options
+                    and _rehashes_uuids(modality, options)
+                    and _rehashes_uuids(other, options)
+                ):
+                    raise _one_uuid_over_two(uuid, part, modality, i, other_place)
+            under[modality] = (place, item)  # two keys: vLLM hashes each with its modality's name
     return named
+
+
+def _one_uuid_over_two(
+    uuid: str, part: str, modality: str, index: int, first_place: str
+) -> InvalidPromptError:
+    return InvalidPromptError(
+        f"$.{part}multi_modal_uuids.{modality}[{index}]",
+        f"UUID {uuid!r} also names {first_place}, "
+        "which is other media; a UUID is the engine's cache key for one item, so this item "
+        "would be served that one's features. Give each item its own UUID",
+    )
 
 
 def _check_uuids_name_their_items(uuids: MediaUUIDs, view: tuple[MediaRow, ...]) -> None:

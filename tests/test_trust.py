@@ -1185,6 +1185,16 @@ def test_one_uuid_may_name_items_of_two_modalities_that_vllm_keys_with_their_nam
             multi_modal_uuids={"video": ["clip"] * 2},
             **options,
         )
+    # A video first changes nothing for two other clips under it: each modality's items
+    # are one key among themselves (found by a review, helper-87).
+    with pytest.raises(InvalidPromptError, match="UUID 'clip' also names") as caught:
+        TextPrompt(
+            prompt="x",
+            multi_modal_data={"video": video(7), "audio": [audio, (audio[0] * 0.5, 16_000)]},
+            multi_modal_uuids={"video": "clip", "audio": ["clip", "clip"]},
+            **options,
+        )
+    assert caught.value.path == f"$.multi_modal_uuids.audio[{1 if taken else 0}]"
     # Nor across a pair's parts, each keyed with its own options.
     parts = [
         TextPrompt(prompt="x", multi_modal_data={m: data[m]}, multi_modal_uuids={m: "clip"}, **options)
