@@ -19,6 +19,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any, Final
 
+from ._errors import NOT_THE_INPUTS
+
 __all__: list[str] = []
 
 # EXIF tag 0x800D, "ImageID" (PIL.ExifTags.Base.ImageID): vLLM keys an image by this UUID when set.
@@ -79,6 +81,8 @@ def exif_edits(image: Any) -> ExifEdits | None:
         probe = Image.Image()  # no pixels: only its info is read
         probe.info = image.info
         parsed = parser_tags(probe)
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - malformed EXIF: vLLM tolerates it, and so do the callers
         return None
     edits = {
@@ -99,6 +103,8 @@ def pickled_tags(image: Any) -> dict[int, Any] | None:
         return None
     try:
         tags = parser_tags(image)
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - malformed: vLLM reads no tags, nor will the unpickled image
         return None
     if hasattr(image, "tag_v2"):
@@ -109,6 +115,8 @@ def pickled_tags(image: Any) -> dict[int, Any] | None:
     probe.info = image.info
     try:
         parsed = parser_tags(probe)
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - info cannot be parsed, the cache could
         return tags
     same = tags.keys() == parsed.keys() and all(same_value(tags[tag], parsed[tag]) for tag in tags)
@@ -120,6 +128,8 @@ def restore_parser_tags(image: Any, tags: dict[int, Any]) -> None:
     the parser's tags, even where its ``info["exif"]`` cannot be parsed."""
     try:
         exif = image.getexif()
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - info Pillow cannot parse (EXIF, its raw profile, XMP)
         image._exif = None  # the failed parse left a partial cache behind
         saved, image.info = image.info, {}
@@ -139,6 +149,8 @@ def same_value(a: object, b: object) -> bool:
         return True
     try:
         return type(a) is type(b) and bool(a == b)
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - a value whose == raises was put there
         return False
 
@@ -150,6 +162,8 @@ def _own(value: Any) -> Any:
         return value
     try:
         return copy.deepcopy(value)
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - an object deepcopy refuses: shared, as Pillow would
         return value
 

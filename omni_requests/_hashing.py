@@ -29,7 +29,7 @@ from blake3 import blake3
 from pyrsistent import PVector
 
 from . import _image_road
-from ._errors import InvalidPromptError, PromptTypeError, type_name
+from ._errors import NOT_THE_INPUTS, InvalidPromptError, PromptTypeError, type_name
 from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
 from ._frozen import refuse_second_init
 from ._image_road import pixels
@@ -305,12 +305,18 @@ def _as_vllm_parses_image(image: Any) -> Any:
         try:
             exif = image.getexif()
             transpose = exif.get(EXIF_ORIENTATION, 1) != 1 or EXIF_IMAGE_ID in exif
+        except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+            raise
         except Exception:  # noqa: BLE001 - its exif_transpose raises too: vLLM keeps the image
             pass
         else:
             if transpose:
-                with contextlib.suppress(Exception):  # vLLM keeps the image as it is
+                try:
                     image = ImageOps.exif_transpose(image)
+                except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+                    raise
+                except Exception:  # noqa: BLE001 - vLLM keeps the image as it is
+                    pass
             elif image.mode == "RGB" and image.palette is not None:
                 image = image.copy()  # what exif_transpose returns here
             elif image.mode == "P" and "transparency" in image.info:
@@ -370,10 +376,14 @@ def rgb_conversion_error(image: Any) -> Exception | None:
         return None
     try:
         stand_in = image.crop((0, 0, 1, 1))  # mode, palette and info kept; the caller's untouched
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - the image cannot be read: not this check's to report
         return None
     try:
         _flattened_as_vllm(stand_in)
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception as error:  # noqa: BLE001 - whatever Pillow raises, vLLM's parser raises
         return error
     return None
@@ -416,12 +426,16 @@ def vllm_turn(image: Any) -> int | None:
         try:
             exif = image.getexif()
             turn: int | None = _TURNS.get(exif.get(EXIF_ORIENTATION))
+        except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+            raise
         except Exception:  # noqa: BLE001 - malformed EXIF or an unhashable value: no turn, as in vLLM
             return None
         if turn is None:
             return None
         try:
             stand_in = Image.new(image.mode, (1, 1))
+        except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+            raise
         except Exception:  # noqa: BLE001 - a mode Image.new cannot make: try the image itself
             stand_in = image
         else:
@@ -429,6 +443,8 @@ def vllm_turn(image: Any) -> int | None:
             stand_in._exif = exif  # read, never written: the transposed copy gets its own
         try:
             ImageOps.exif_transpose(stand_in)
+        except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+            raise
         except Exception:  # noqa: BLE001 - vLLM's parser suppresses it the same way
             return None
     return turn
@@ -447,6 +463,8 @@ def _exif_image_id(image: Any) -> bytes | None:
     try:
         with exif_untouched(image):
             image_id = image.getexif().get(EXIF_IMAGE_ID)
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
         return None
     return image_id.bytes if isinstance(image_id, uuid.UUID) else None
@@ -626,6 +644,8 @@ def _gathers(data: Any) -> bool:
 def _nbytes_hint(item: object) -> int:
     try:
         nbytes = getattr(item, "nbytes", None)
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - a sparse tensor's raises: a hint only, the hash says what fails
         return 0
     if isinstance(nbytes, int):

@@ -39,6 +39,7 @@ from typing import Any, Final, NamedTuple
 
 import numpy as np
 
+from ._errors import NOT_THE_INPUTS
 from ._media import IMAGE_MODES
 
 __all__ = ["ENABLED", "HANDOVER_POINTS", "Pixels", "pixels"]
@@ -467,6 +468,8 @@ def _band_packing_works() -> bool:
         for band in _pasted_bands(probe, rows):
             _pack_rgbx(out, band)
             packed.append(out[: len(band) * 3].tobytes())
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - any surprise from an unfamiliar Pillow: keep off this road
         return False
     return b"".join(packed) == probe.tobytes()

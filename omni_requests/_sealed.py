@@ -40,6 +40,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
+from ._errors import NOT_THE_INPUTS
 from ._exif import ExifEdits, apply_exif_edits, copy_with_exif, exif_edits, parser_tags, same_value
 from ._identity import IdentityMap
 
@@ -472,6 +473,8 @@ def _sealed_image_type() -> type[Any]:
             held = info or {}
             try:
                 same_info = bool(self.info == held) and _same_types(self.info, held)
+            except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+                raise
             except Exception:  # noqa: BLE001 - an entry whose == raises (an array, say) was put there
                 return False
             return same_info and seal.untouched(buffer)
@@ -533,6 +536,8 @@ def _tags_of(image: Any) -> Any:
     """The parser's tags of ``image``, or ``_MALFORMED``."""
     try:
         return parser_tags(image)
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - malformed EXIF: vLLM tolerates it the same way
         return _MALFORMED
 
@@ -624,6 +629,8 @@ def seal_image(image: Any) -> Any:
         return _as_given(image)
     try:
         info = copy.deepcopy(dict(image.info))
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
     except Exception:  # noqa: BLE001 - an info entry that cannot be copied: keep the image as given
         return _as_given(image)
     image.load()

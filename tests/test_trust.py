@@ -887,6 +887,32 @@ def test_a_request_timeout_while_an_input_is_read_is_not_reported_as_a_bad_input
     read()  # and nothing was wrong with it
 
 
+def test_a_request_timeout_while_an_image_is_turned_for_its_key_is_never_swallowed() -> None:
+    # The content key turns an image as vLLM's parser does, tolerating what Pillow
+    # raises (vLLM keeps the image as it is): a request timeout raised there was taken
+    # for such an error, and the record's seal cached the unturned image's key, which
+    # its upright twin has (found by a review, helper-87).
+    pixels = np.random.default_rng(5).integers(0, 256, (6, 10, 3), dtype=np.uint8)
+
+    def turned() -> TextPrompt:
+        image = Image.fromarray(pixels)
+        image.getexif()[0x0112] = 6
+        return TextPrompt(prompt="<image>", multi_modal_data={"image": image})
+
+    record = turned()
+    previous = sys.gettrace()
+    sys.settrace(_times_out_in("exif_transpose", "ImageOps.py"))
+    try:
+        with pytest.raises(TimeoutError, match="request deadline"):
+            rendered_uuids(scope_to_replica(record, 0, hasher=HASHER))
+    finally:
+        sys.settrace(previous)
+    key = rendered_uuids(scope_to_replica(record, 0, hasher=HASHER))
+    assert key == rendered_uuids(scope_to_replica(turned(), 0, hasher=HASHER))
+    upright = TextPrompt(prompt="<image>", multi_modal_data={"image": Image.fromarray(pixels)})
+    assert key != rendered_uuids(scope_to_replica(upright, 0, hasher=HASHER))
+
+
 _INTERRUPTED = """
 import gc, signal, sys, time
 import numpy as np
