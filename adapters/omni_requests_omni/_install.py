@@ -578,11 +578,13 @@ class Stage0Scoping:
             return held  # type: ignore[no-any-return]
         try:
             index = self.balancer.select({"request_id": request_id, "media_keys": route.media_keys}, replicas)
-        except (AttributeError, TypeError) as error:  # it read a replica as a ReplicaInfo
-            raise PromptTypeError(
-                "balancer",
-                "cannot choose among a local pool's replicas, which it is given as their int ids "
-                f"(vllm-omni's distributed pools give ReplicaInfos): {type(error).__name__}: {error}",
+        except AttributeError as error:
+            if not isinstance(error.obj, int):  # the balancer's own failing: as it is
+                raise
+            # It read a replica id as a ReplicaInfo: the server's set-up, not the request.
+            raise TypeError(
+                "balancer: cannot choose among a local pool's replicas, which it is given as their "
+                f"int ids (vllm-omni's distributed pools give ReplicaInfos); it read {error.name!r} of one"
             ) from error
         replica = replicas[index]
         _bind(pool, request_id, replica)
