@@ -609,14 +609,15 @@ def _check_item_arrays(where: str, modality: str, items: Sequence[object], *, sp
     2-D image array into its rows)."""
     if not split and items and media_kind(items[0]) is MediaKind.TENSOR and _ndim(items[0]) == 2:
         # vLLM's parser reads a list whose first item is a 2-D tensor as the modality's
-        # embeddings, one per item, and refuses the list if any other item is not one.
+        # embeddings, one per item, and refuses the list if any other item is not 2-D.
         for i, item in enumerate(items[1:], 1):
-            if media_kind(item) is not MediaKind.TENSOR or _ndim(item) != 2:
-                kind = type_name(item) if _ndim(item) is None else f"{_ndim(item)}-D {type_name(item)}"
+            ndim = _ndim(item)
+            if ndim != 2:
+                kind = type_name(item) if ndim is None else f"{ndim}-D {type_name(item)}"
                 raise PromptTypeError(
                     f"{where}[{i}]",
                     f"is a {kind} where item [0] is a 2-D tensor: vLLM's parser reads the list as "
-                    f"{modality} embeddings, each a 2-D tensor (seq_len, hidden_size)",
+                    f"{modality} embeddings, each 2-D (seq_len, hidden_size)",
                 )
     for i, item in enumerate(items):
         ndim = _ndim(item)
