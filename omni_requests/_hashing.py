@@ -655,6 +655,10 @@ def _nbytes_hint(item: object) -> int:
     return 0
 
 
+# The most digests kept for one array or seal (each key also names the scalars beside it).
+_KEYS_PER_OBJECT: Final = 64
+
+
 class _KeyCache:
     """Digests of items whose bytes cannot change, dropped when one of their arrays dies.
 
@@ -668,7 +672,8 @@ class _KeyCache:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._digests: dict[Hashable, tuple[str, tuple[weakref.ref[object], ...]]] = {}
-        self._watched: dict[int, tuple[weakref.ref[object], set[Hashable]]] = {}
+        # Per watched object, the keys naming it, oldest first.
+        self._watched: dict[int, tuple[weakref.ref[object], dict[Hashable, None]]] = {}
 
     def get(self, key: Hashable) -> str | None:
         entry = self._digests.get(key)  # a dict read is atomic: no lock
@@ -689,8 +694,15 @@ class _KeyCache:
                 watched = self._watched.get(id(leaf))
                 if watched is None or watched[0]() is not leaf:  # none, or a dead one's
                     ref = weakref.ref(leaf, self._dropper(id(leaf)))
-                    watched = self._watched[id(leaf)] = (ref, set())
-                watched[1].add(key)
+                    watched = self._watched[id(leaf)] = (ref, {})
+                keys = watched[1]
+                keys[key] = None
+                if len(keys) > _KEYS_PER_OBJECT:
+                    # A live template array beside ever new scalars (an audio's rate, a
+                    # video's fps) would add entries without end: its oldest goes.
+                    oldest = next(iter(keys))
+                    del keys[oldest]
+                    self._digests.pop(oldest, None)
                 refs.append(watched[0])
             self._digests[key] = (digest, tuple(refs))
 

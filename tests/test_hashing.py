@@ -134,6 +134,26 @@ def test_cache_entries_go_with_their_arrays(hasher: MediaHasher) -> None:
     assert len(_hashing._CACHE) == size
 
 
+def test_a_live_array_beside_ever_new_scalars_keeps_a_bounded_number_of_keys(hasher: MediaHasher) -> None:
+    # Each key names the scalars beside an array too (an audio's rate): a server keeping a
+    # decoded clip alive grew the cache by one entry per distinct rate a client chose,
+    # without end (found by a review, helper-87: 40,000 entries for 20,000 requests).
+    wave = TextPrompt(prompt="x", multi_modal_data={"audio": np.zeros(16, np.float32)}).multi_modal_data[
+        "audio"
+    ][0]
+    gc.collect()
+    size = len(_hashing._CACHE)
+    keys = [hasher.content_key("audio", (wave, 16_000 + i)) for i in range(300)]
+    assert size < len(_hashing._CACHE) <= size + _hashing._KEYS_PER_OBJECT
+    assert len(set(keys)) == 300
+    # The oldest were let go; asked again they are computed again, the same.
+    assert (
+        hasher.content_key("audio", (wave, 16_000))
+        == keys[0]
+        == hasher.content_key("audio", (wave.copy(), 16_000))
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "error", "path"),
     [
