@@ -848,6 +848,8 @@ def is_frozen_item(item: object) -> bool:
     """Whether a record's ``item`` always reads the same: built of immutable values, the
     record's own arrays (read as made) and its sealed images and tensors. Its key and
     fingerprint under a hasher are then fixed for as long as the record holds it."""
+    if type(item) is np.ndarray:  # the common item, on every first render: no token built
+        return is_own_array(item)
     return immutable_token(item, [], sealed=True) is not None
 
 

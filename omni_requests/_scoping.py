@@ -483,5 +483,8 @@ def rendered_uuids(prompt: SinglePrompt) -> dict[str, list[str | None]] | None:
     text = key_text(scope)
     rendered, fixed = _derive(prompt, scope.hasher, text.binds, text.user_key, text.content_key)
     if fixed:
-        _remember(prompt, id(scope), (scope, tuple((m, tuple(keys)) for m, keys in rendered.items())))
+        frozen = []
+        for modality, keys in rendered.items():  # a loop, not a generator: no frame of its own
+            frozen.append((modality, tuple(keys)))
+        _remember(prompt, id(scope), (scope, tuple(frozen)))
     return rendered
