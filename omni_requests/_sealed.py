@@ -673,7 +673,7 @@ def _tensor_maker(dtype: Any, shape: tuple[int, ...]) -> Callable[[Any, Seal | N
     # Built by numpy where the dtype has a numpy twin: torch.frombuffer and reshape each
     # let go of the GIL, which beside a thread busy in Python can cost a switch interval.
     try:
-        as_numpy = torch.empty(0, dtype=dtype).numpy().dtype
+        as_numpy = torch.empty(0, dtype=dtype, device="cpu").numpy().dtype  # whatever the default device
     except TypeError:  # bfloat16 and the like
         as_numpy = None
 

@@ -670,11 +670,13 @@ def _read_tensor(name: Any, shape: list[int], raw: bytes, *, path: str) -> Any:
     except ImportError:
         raise WireError(path, "a tensor needs torch: pip install 'omni-requests[torch]'") from None
     dtype = getattr(torch, name)
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    # On the CPU, named: an ambient default device (torch.set_default_device, or a
+    # `with torch.device(...)` block) would put these on another, or nowhere ("meta").
+    itemsize = torch.empty((), dtype=dtype, device="cpu").element_size()
     _check_span(shape, itemsize, f"a {name} tensor", path)
     if _count(shape) * itemsize != len(raw):
         raise WireError(path, f"a {name} tensor of shape {tuple(shape)} has {_count(shape) * itemsize} bytes")
-    flat = torch.empty(len(raw), dtype=torch.uint8)
+    flat = torch.empty(len(raw), dtype=torch.uint8, device="cpu")
     flat.numpy()[:] = np.frombuffer(raw, np.uint8)  # tensors own writable memory: one copy
     return flat.view(dtype).reshape(shape)
 

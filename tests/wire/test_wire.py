@@ -220,6 +220,21 @@ def test_tensors_bfloat16_and_strided_survive() -> None:
     assert media_keys(back, HASHER)["image"][0] == media_keys(record, HASHER)["image"][0]
 
 
+def test_tensors_decode_on_the_cpu_whatever_the_default_device() -> None:
+    # A server that sets torch's default device (for its model) decodes messages too:
+    # found by a review (helper-88), every tensor was refused as "malformed" under one.
+    torch = pytest.importorskip("torch")
+    video = torch.arange(4 * 8 * 8 * 3, dtype=torch.float32).reshape(4, 8, 8, 3)
+    message = encode(TextPrompt(prompt="<video>", multi_modal_data={"video": video}))
+    torch.set_default_device("meta")  # "cuda" on a GPU server takes the same road
+    try:
+        back = decode(message)
+    finally:
+        torch.set_default_device(None)
+    sent = back.multi_modal_data["video"][0]
+    assert sent.device.type == "cpu" and torch.equal(sent, video)
+
+
 def test_options_keep_types_order_and_big_ints() -> None:
     options = {
         "b": (1, 2),
