@@ -47,7 +47,7 @@ from ._media import (
     thaw,
 )
 from ._media_bytes import feed_media_with_bytes, is_media_with_bytes
-from ._sealed import Seal, current, seal_of
+from ._sealed import Seal, current, seal_of, torch_as_is
 
 __all__ = ["HashAlgorithm", "MediaHasher"]
 
@@ -473,20 +473,21 @@ def _exif_image_id(image: Any) -> bytes | None:
 def _tensor(update: _Update, tensor: Any) -> None:
     import torch  # a tensor exists, so torch is imported already
 
-    tensor = tensor.detach().cpu()
-    _framed(update, b"tensor")
-    if tensor.dtype == torch.bfloat16:
-        flat = tensor.contiguous().view((tensor.numel(),)).view(torch.uint8)
-        _value(
-            update,
-            {
-                "original_dtype": str(tensor.dtype),
-                "original_shape": tuple(tensor.shape),
-                "data": flat.numpy(),
-            },
-        )
-        return
-    _value(update, tensor.numpy())
+    with torch_as_is(tensor):
+        tensor = tensor.detach().cpu()
+        _framed(update, b"tensor")
+        if tensor.dtype == torch.bfloat16:
+            flat = tensor.contiguous().view((tensor.numel(),)).view(torch.uint8)
+            _value(
+                update,
+                {
+                    "original_dtype": str(tensor.dtype),
+                    "original_shape": tuple(tensor.shape),
+                    "data": flat.numpy(),
+                },
+            )
+            return
+        _value(update, tensor.numpy())
 
 
 # -- fingerprints: the item's shape of things and a fixed sample of its bytes --
@@ -524,12 +525,13 @@ def _fingerprint_leaf(update: _Update, value: object) -> None:
     elif kind is MediaKind.TENSOR:
         import torch  # a tensor exists, so torch is imported already
 
-        tensor = media.detach().cpu()
-        _framed(update, b"tensor")
-        if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; same-size view, no copy
-            _sampled_array(update, tensor.view(torch.int16).numpy(), str(tensor.dtype))
-        else:
-            _sampled_array(update, tensor.numpy(), str(tensor.dtype))
+        with torch_as_is(media):
+            tensor = media.detach().cpu()
+            _framed(update, b"tensor")
+            if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16; same-size view, no copy
+                _sampled_array(update, tensor.view(torch.int16).numpy(), str(tensor.dtype))
+            else:
+                _sampled_array(update, tensor.numpy(), str(tensor.dtype))
     else:
         _leaf(update, value)
 

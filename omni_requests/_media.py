@@ -24,7 +24,7 @@ from ._errors import NOT_THE_INPUTS, InvalidPromptError, PromptTypeError, type_n
 from ._frozen import refuse_second_init
 from ._identity import IdentityMap
 from ._media_bytes import freeze_media_with_bytes, is_media_with_bytes
-from ._sealed import current, given_back_tensor, read_only_copy, seal_image, seal_of, seal_tensor
+from ._sealed import current, given_back_tensor, read_only_copy, seal_image, seal_of, seal_tensor, torch_as_is
 
 __all__ = ["FrozenDict"]
 
@@ -536,12 +536,13 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
         check_code_points(array, path)
         return immutable_array(value)  # type: ignore[arg-type]
     if kind is MediaKind.TENSOR:
-        given_back = given_back_tensor(value)  # an untouched hand-out: its seal, no copy
-        if given_back is not None:
-            return given_back
-        check_hashable_tensor(value, path)
-        check_tensor_dims(value, path)
-        return seal_tensor(value)
+        with torch_as_is(value):  # checked and copied as it is, whatever mode the caller is in
+            given_back = given_back_tensor(value)  # an untouched hand-out: its seal, no copy
+            if given_back is not None:
+                return given_back
+            check_hashable_tensor(value, path)
+            check_tensor_dims(value, path)
+            return seal_tensor(value)
     if kind is MediaKind.IMAGE:
         check_image_attributes(value, path)  # as loading reads them: a subclass's may raise
         try:  # a file image decodes on first use: fail here, by name, not in a hash

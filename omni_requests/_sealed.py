@@ -28,6 +28,7 @@ given a record's view, a hasher's public calls included, reads the object as it 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import contextvars
 import copy
 import copyreg
@@ -37,7 +38,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
 from ._errors import NOT_THE_INPUTS
@@ -666,6 +667,21 @@ def seal_image(image: Any) -> Any:
 # -- tensors --
 
 
+@contextlib.contextmanager
+def torch_as_is(tensor: Any = None) -> Iterator[None]:
+    """Inside, torch's calls run torch's own code, not a function or dispatch mode the
+    caller entered: a digest computed through a mode that changed what they return was
+    cached for the tensor's bytes, and every later request without it sent them under it
+    (found by a review, helper-88). Given a ``tensor`` of a subclass, nothing changes: its
+    own overrides run, as in vLLM's hasher (its keys are never cached)."""
+    torch = sys.modules["torch"]  # a tensor exists, so torch is imported already
+    if tensor is not None and type(tensor) is not torch.Tensor:
+        yield
+        return
+    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+        yield
+
+
 def _tensor_maker(dtype: Any, shape: tuple[int, ...]) -> Callable[[Any, Seal | None], Any]:
     import numpy as np
     import torch  # a tensor exists, so torch is imported already
@@ -673,15 +689,17 @@ def _tensor_maker(dtype: Any, shape: tuple[int, ...]) -> Callable[[Any, Seal | N
     # Built by numpy where the dtype has a numpy twin: torch.frombuffer and reshape each
     # let go of the GIL, which beside a thread busy in Python can cost a switch interval.
     try:
-        as_numpy = torch.empty(0, dtype=dtype, device="cpu").numpy().dtype  # whatever the default device
+        with torch_as_is():  # on the CPU, whatever the default device
+            as_numpy = torch.empty(0, dtype=dtype, device="cpu").numpy().dtype
     except TypeError:  # bfloat16 and the like
         as_numpy = None
 
     def make(buffer: Any, seal: Seal | None) -> Any:
-        if as_numpy is None:
-            tensor = torch.frombuffer(buffer, dtype=dtype).reshape(shape)
-        else:
-            tensor = torch.from_numpy(np.frombuffer(buffer, dtype=as_numpy).reshape(shape))
+        with torch_as_is():
+            if as_numpy is None:
+                tensor = torch.frombuffer(buffer, dtype=dtype).reshape(shape)
+            else:
+                tensor = torch.from_numpy(np.frombuffer(buffer, dtype=as_numpy).reshape(shape))
         if seal is not None:
             _TENSOR_HANDOUTS.put(tensor, (seal, buffer, _tensor_layout(tensor)))
         return tensor
@@ -740,7 +758,8 @@ def given_back_tensor(tensor: Any) -> Any:
 
 
 def seal_tensor(tensor: Any) -> Any:
-    """A record's view of a sealed copy of ``tensor``, or ``tensor`` where it cannot be sealed.
+    """A record's view of a sealed copy of ``tensor``, or ``tensor`` where it cannot be sealed
+    (called under :func:`torch_as_is`).
 
     Sealed: plain CPU tensors with elements that need no gradient. Others (a subclass,
     another device or layout, ``requires_grad``) are kept as given and hashed on every

@@ -913,6 +913,54 @@ def test_a_request_timeout_while_an_image_is_turned_for_its_key_is_never_swallow
     assert key != rendered_uuids(scope_to_replica(upright, 0, hasher=HASHER))
 
 
+def _zeroing_mode(kind: str) -> Any:
+    """A torch function or dispatch mode under which every tensor a call returns reads zeros."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def zeroed(out: Any) -> Any:
+        if isinstance(out, torch.Tensor):
+            return torch.zeros_like(out)
+        return np.zeros_like(out) if isinstance(out, np.ndarray) else out
+
+    class ZeroingFunctions(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return zeroed(func(*args, **(kwargs or {})))
+
+    class ZeroingDispatch(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            return zeroed(func(*args, **(kwargs or {})))
+
+    return ZeroingFunctions() if kind == "function" else ZeroingDispatch()
+
+
+@pytest.mark.parametrize("kind", ["function", "dispatch"])
+@pytest.mark.parametrize("policy", [None, KeyPolicy(bind_content=True)], ids=["content", "bound"])
+def test_a_torch_mode_around_a_tensors_first_key_never_reaches_the_cached_key(
+    kind: str, policy: KeyPolicy | None
+) -> None:
+    # A sealed tensor's key (or a bound UUID's fingerprint) is computed once and cached by
+    # its seal. Computed through a torch mode that changed what torch's calls return, it
+    # was the key of other bytes, which every later request sent the tensor under: ten
+    # different images went out under one key (found by a review, helper-88). Sealing
+    # under the mode copied the mode's bytes too.
+    torch = pytest.importorskip("torch")
+    images = [torch.full((4, 6, 3), float(i)) for i in range(3)]
+    uuids = {"image": ["a", "b", "c"]} if policy is not None else None
+    with _zeroing_mode(kind):
+        record = TextPrompt(prompt="<image>", multi_modal_data={"image": images}, multi_modal_uuids=uuids)
+        scoped = scope_to_replica(record, 0, hasher=HASHER, policy=policy)
+        under_the_mode = rendered_uuids(scoped)
+    sent = to_vllm(scoped)
+    assert all(torch.equal(a, b) for a, b in zip(sent["multi_modal_data"]["image"], images, strict=True))
+    assert sent["multi_modal_uuids"] == under_the_mode
+    fresh = [image.clone() for image in images]  # no cache can answer for these
+    expected = TextPrompt(prompt="<image>", multi_modal_data={"image": fresh}, multi_modal_uuids=uuids)
+    assert under_the_mode == rendered_uuids(scope_to_replica(expected, 0, hasher=HASHER, policy=policy))
+    assert len(set(under_the_mode["image"])) == 3
+
+
 _INTERRUPTED = """
 import gc, signal, sys, time
 import numpy as np
