@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Final, Self
+from collections.abc import Callable
+from typing import Final, Self, TypeVar
 
 __all__ = ["InvalidPromptError", "OmniRequestsError", "PromptTypeError"]
 
@@ -10,6 +11,8 @@ __all__ = ["InvalidPromptError", "OmniRequestsError", "PromptTypeError"]
 # Raised while an input is read, but not by the input: a request timeout's handler, the
 # machine out of memory. Passed on as they are, never reported as a bad input.
 NOT_THE_INPUTS: Final = (TimeoutError, MemoryError)
+
+_T = TypeVar("_T")
 
 
 class OmniRequestsError(Exception):
@@ -69,3 +72,51 @@ def type_name(value: object) -> str:
     cls = type(value)
     module = cls.__module__
     return cls.__qualname__ if module == "builtins" else f"{module}.{cls.__qualname__}"
+
+
+def confirm_fault(error: Exception, again: Callable[[], object]) -> None:
+    """Returns where ``error``, raised reading an input, is the input's own; raises it where not.
+
+    It counts as the input's only when ``again()``, the same read made again, fails with
+    an exception of its type: one raised from elsewhere, a request timeout's handler
+    raising a type of its own (not ``TimeoutError``), does not come twice. A warning the
+    process's warnings filter made an error is never the input's: the filter may say
+    otherwise at the next read. So what such a failure decides (an image keyed as vLLM's
+    parser keeps it, unturned, and cached so; an item refused as bad input) is never
+    taken from an exception that was not the input's (found by a review, helper-88).
+    """
+    if isinstance(error, (Warning, OmniRequestsError, *NOT_THE_INPUTS)):
+        raise error
+    try:
+        again()
+    except Exception as second:  # compared with the first below
+        if type(second) is type(error):
+            return
+        if isinstance(second, (Warning, OmniRequestsError, *NOT_THE_INPUTS)):
+            raise
+    raise error
+
+
+class Fault:
+    """What :func:`read_or_fault` gives for a read that fails on the input itself."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def read_or_fault(read: Callable[[], _T], again_from: Callable[[], None]) -> _T | Fault:
+    """``read()``, or a :class:`Fault` where it fails on the input itself, as
+    :func:`confirm_fault` tells (it raises what is not the input's). ``again_from()`` runs
+    before the read is made again: it undoes what the first left half done."""
+    try:
+        return read()
+    except Exception as error:  # noqa: BLE001 - the input's, or raised by confirm_fault
+
+        def again() -> object:
+            again_from()
+            return read()
+
+        confirm_fault(error, again)
+        return Fault(error)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
-from ._errors import NOT_THE_INPUTS
+from ._errors import NOT_THE_INPUTS, Fault, read_or_fault
 
 __all__: list[str] = []
 
@@ -38,20 +39,34 @@ ExifEdits = dict[int, Any]
 :data:`DELETED`."""
 
 
+# Held while a caller's image's EXIF is read. Pillow's getexif() fills its cache on the
+# image itself, marked read before it is parsed, and exif_untouched empties it again:
+# threads reading one image at once saw each other's half-read cache, and an image was
+# keyed (and sealed) without its orientation (found by a review, helper-88).
+_READING: Final = threading.RLock()
+
+
 @contextlib.contextmanager
-def exif_untouched(image: Any) -> Iterator[None]:
+def exif_untouched(image: Any) -> Iterator[Callable[[], None]]:
     """Inside, ``image.getexif()`` may be called; after, Pillow's cache is as it was.
 
     A caller's image is not ours to change: an empty cache is emptied again. Not a TIFF's:
     its EXIF is read from the file, which loading it (as hashing does) closes, after
     turning the image upright by the cache it fills; that cache cannot be read again.
+    One thread at a time reads inside. Gives a function that empties the cache where it
+    was empty, so that a read that failed halfway can be made again from the start.
     """
-    empty = getattr(image, "_exif", None) is None and not hasattr(image, "tag_v2")
-    try:
-        yield
-    finally:
-        if empty:
-            image._exif = None
+    with _READING:
+        empty = getattr(image, "_exif", None) is None and not hasattr(image, "tag_v2")
+
+        def forget() -> None:
+            if empty:
+                image._exif = None
+
+        try:
+            yield forget
+        finally:
+            forget()
 
 
 def parser_tags(image: Any) -> dict[int, Any]:
@@ -60,8 +75,18 @@ def parser_tags(image: Any) -> dict[int, Any]:
     Raises what ``getexif()`` raises (malformed EXIF).
     """
     with exif_untouched(image):
-        exif = image.getexif()
-        return {tag: exif[tag] for tag in PARSER_TAGS if tag in exif}
+        return _tags(image.getexif())
+
+
+def readable_tags(image: Any) -> dict[int, Any] | Fault:
+    """:func:`parser_tags`, or a :class:`Fault` where ``image``'s EXIF cannot be parsed
+    (what is not the image's fault is raised: see ``confirm_fault``)."""
+    with exif_untouched(image) as forget:
+        return read_or_fault(lambda: _tags(image.getexif()), forget)
+
+
+def _tags(exif: Any) -> dict[int, Any]:
+    return {tag: exif[tag] for tag in PARSER_TAGS if tag in exif}
 
 
 def exif_edits(image: Any) -> ExifEdits | None:
@@ -76,15 +101,12 @@ def exif_edits(image: Any) -> ExifEdits | None:
         return None
     from PIL import Image  # an image exists, so Pillow is imported already
 
-    try:
-        cached = parser_tags(image)
-        probe = Image.Image()  # no pixels: only its info is read
-        probe.info = image.info
-        parsed = parser_tags(probe)
-    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
-        raise
-    except Exception:  # noqa: BLE001 - malformed EXIF: vLLM tolerates it, and so do the callers
-        return None
+    cached = readable_tags(image)
+    probe = Image.Image()  # no pixels: only its info is read
+    probe.info = image.info
+    parsed = readable_tags(probe)
+    if isinstance(cached, Fault) or isinstance(parsed, Fault):
+        return None  # malformed EXIF: vLLM tolerates it, and so do the callers
     edits = {
         tag: _own(cached.get(tag, DELETED))
         for tag in PARSER_TAGS
@@ -101,24 +123,18 @@ def pickled_tags(image: Any) -> dict[int, Any] | None:
     parsed gives tags the unpickled image could not read."""
     if getattr(image, "_exif", None) is None and not hasattr(image, "tag_v2"):
         return None
-    try:
-        tags = parser_tags(image)
-    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
-        raise
-    except Exception:  # noqa: BLE001 - malformed: vLLM reads no tags, nor will the unpickled image
-        return None
+    tags = readable_tags(image)
+    if isinstance(tags, Fault):
+        return None  # malformed: vLLM reads no tags, nor will the unpickled image
     if hasattr(image, "tag_v2"):
         return tags
     from PIL import Image  # an image exists, so Pillow is imported already
 
     probe = Image.Image()  # no pixels: only its info is read
     probe.info = image.info
-    try:
-        parsed = parser_tags(probe)
-    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
-        raise
-    except Exception:  # noqa: BLE001 - info cannot be parsed, the cache could
-        return tags
+    parsed = readable_tags(probe)
+    if isinstance(parsed, Fault):
+        return tags  # info cannot be parsed, the cache could
     same = tags.keys() == parsed.keys() and all(same_value(tags[tag], parsed[tag]) for tag in tags)
     return None if same else {tag: _own(value) for tag, value in tags.items()}
 

@@ -29,7 +29,7 @@ from blake3 import blake3
 from pyrsistent import PVector
 
 from . import _image_road
-from ._errors import NOT_THE_INPUTS, InvalidPromptError, PromptTypeError, type_name
+from ._errors import NOT_THE_INPUTS, Fault, InvalidPromptError, PromptTypeError, read_or_fault, type_name
 from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
 from ._frozen import refuse_second_init
 from ._image_road import pixels
@@ -301,22 +301,14 @@ def _as_vllm_parses_image(image: Any) -> Any:
     """
     from PIL import ImageChops, ImageOps  # an image exists, so Pillow is imported already
 
-    with exif_untouched(image):
-        try:
-            exif = image.getexif()
-            transpose = exif.get(EXIF_ORIENTATION, 1) != 1 or EXIF_IMAGE_ID in exif
-        except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
-            raise
-        except Exception:  # noqa: BLE001 - its exif_transpose raises too: vLLM keeps the image
-            pass
-        else:
+    with exif_untouched(image) as forget:
+        # EXIF Pillow cannot read makes exif_transpose raise too: vLLM keeps the image.
+        transpose = read_or_fault(lambda: _turned_or_named(image.getexif()), forget)
+        if not isinstance(transpose, Fault):
             if transpose:
-                try:
-                    image = ImageOps.exif_transpose(image)
-                except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
-                    raise
-                except Exception:  # noqa: BLE001 - vLLM keeps the image as it is
-                    pass
+                upright = read_or_fault(lambda: ImageOps.exif_transpose(image), forget)
+                if not isinstance(upright, Fault):  # else vLLM keeps the image as it is
+                    image = upright
             elif image.mode == "RGB" and image.palette is not None:
                 image = image.copy()  # what exif_transpose returns here
             elif image.mode == "P" and "transparency" in image.info:
@@ -328,6 +320,11 @@ def _as_vllm_parses_image(image: Any) -> Any:
     if image.mode == "RGB" and flat is not image and ImageChops.difference(flat, image).getbbox() is not None:
         return (flat, image)  # flattened only by vLLM 0.34 (see above)
     return flat
+
+
+def _turned_or_named(exif: Any) -> bool:
+    """Whether vLLM's parser hands on a transposed copy of an image with this EXIF."""
+    return bool(exif.get(EXIF_ORIENTATION, 1) != 1 or EXIF_IMAGE_ID in exif)
 
 
 # The field a key of an image's two parses carries beside the model and the modality:
@@ -422,15 +419,10 @@ def vllm_turn(image: Any) -> int | None:
     """
     from PIL import Image, ImageOps  # an image exists, so Pillow is imported already
 
-    with exif_untouched(image):
-        try:
-            exif = image.getexif()
-            turn: int | None = _TURNS.get(exif.get(EXIF_ORIENTATION))
-        except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
-            raise
-        except Exception:  # noqa: BLE001 - malformed EXIF or an unhashable value: no turn, as in vLLM
-            return None
-        if turn is None:
+    with exif_untouched(image) as forget:
+        # Malformed EXIF or an unhashable value: no turn, as in vLLM.
+        turn = read_or_fault(lambda: _TURNS.get(image.getexif().get(EXIF_ORIENTATION)), forget)
+        if turn is None or isinstance(turn, Fault):
             return None
         try:
             stand_in = Image.new(image.mode, (1, 1))
@@ -440,14 +432,10 @@ def vllm_turn(image: Any) -> int | None:
             stand_in = image
         else:
             stand_in.info = dict(image.info)
-            stand_in._exif = exif  # read, never written: the transposed copy gets its own
-        try:
-            ImageOps.exif_transpose(stand_in)
-        except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
-            raise
-        except Exception:  # noqa: BLE001 - vLLM's parser suppresses it the same way
-            return None
-    return turn
+            stand_in._exif = image.getexif()  # the cache read above: read, never written
+        # A transpose that fails, vLLM's parser suppresses the same way.
+        transposed = read_or_fault(lambda: ImageOps.exif_transpose(stand_in), forget)
+    return None if isinstance(transposed, Fault) else turn
 
 
 def _parsed_as(image: Any) -> tuple[object, object]:
@@ -460,13 +448,8 @@ def _parsed_as(image: Any) -> tuple[object, object]:
 
 
 def _exif_image_id(image: Any) -> bytes | None:
-    try:
-        with exif_untouched(image):
-            image_id = image.getexif().get(EXIF_IMAGE_ID)
-    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
-        raise
-    except Exception:  # noqa: BLE001 - vLLM tolerates malformed EXIF the same way
-        return None
+    with exif_untouched(image) as forget:  # vLLM tolerates malformed EXIF the same way
+        image_id = read_or_fault(lambda: image.getexif().get(EXIF_IMAGE_ID), forget)
     return image_id.bytes if isinstance(image_id, uuid.UUID) else None
 
 

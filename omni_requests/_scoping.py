@@ -15,7 +15,14 @@ from typing import Any, Final, TypeVar
 
 from pyrsistent import PMap, PVector, pmap, pvector
 
-from ._errors import NOT_THE_INPUTS, InvalidPromptError, OmniRequestsError, PromptTypeError, type_name
+from ._errors import (
+    NOT_THE_INPUTS,
+    InvalidPromptError,
+    OmniRequestsError,
+    PromptTypeError,
+    confirm_fault,
+    type_name,
+)
 from ._hashing import MediaHasher
 from ._keys import _DEFAULT_POLICY, MAX_INDEX, KeyOrigin, KeyPolicy, MediaKey, Scope, check_index, key_text
 from ._media import is_frozen_item, plain_map
@@ -263,12 +270,14 @@ _K = TypeVar("_K")
 
 def _keyed(key_of: Callable[[str, Any], str], modality: str, index: int, item: object) -> str:
     """``key_of(modality, item)``, where an item vLLM's parser would refuse too (an image
-    whose transparency Pillow cannot apply, say) raises our error, naming the item."""
+    whose transparency Pillow cannot apply, say) raises our error, naming the item.
+    What is not the item's (see ``confirm_fault``) is raised as it is."""
     try:
         return key_of(modality, item)
     except (OmniRequestsError, *NOT_THE_INPUTS):
         raise
     except Exception as error:  # whatever Pillow, numpy or torch raise on it
+        confirm_fault(error, lambda: key_of(modality, item))
         raise InvalidPromptError(
             f"$.multi_modal_data.{modality}[{index}]",
             f"cannot be keyed ({type(error).__name__}: {error})",

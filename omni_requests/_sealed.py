@@ -41,8 +41,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
-from ._errors import NOT_THE_INPUTS
-from ._exif import ExifEdits, apply_exif_edits, copy_with_exif, exif_edits, parser_tags, same_value
+from ._errors import NOT_THE_INPUTS, Fault
+from ._exif import ExifEdits, apply_exif_edits, copy_with_exif, exif_edits, readable_tags, same_value
 from ._identity import IdentityMap
 
 __all__: list[str] = []
@@ -535,12 +535,8 @@ _MALFORMED: Final = object()
 
 def _tags_of(image: Any) -> Any:
     """The parser's tags of ``image``, or ``_MALFORMED``."""
-    try:
-        return parser_tags(image)
-    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
-        raise
-    except Exception:  # noqa: BLE001 - malformed EXIF: vLLM tolerates it the same way
-        return _MALFORMED
+    tags = readable_tags(image)
+    return _MALFORMED if isinstance(tags, Fault) else tags  # malformed EXIF: vLLM tolerates it too
 
 
 def _same_types(info: dict[Any, Any], held: dict[Any, Any]) -> bool:

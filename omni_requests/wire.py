@@ -58,7 +58,8 @@ from . import (
     TokensPrompt,
     __version__,
 )
-from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
+from ._errors import Fault
+from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, readable_tags
 from ._hashing import vllm_turn
 from ._media import (  # the caller's modality order: a PMap iterates in its own
     IMAGE_MODES,
@@ -353,12 +354,8 @@ def _image_tree(image: Any, path: str) -> list[Any]:
     extras: dict[str, Any] = {}
     if "transparency" in image.info:
         extras["transparency"] = _value_tree(image.info["transparency"], f"{path}.info.transparency")
-    try:
-        with exif_untouched(image):
-            exif = image.getexif()
-            image_id = exif.get(EXIF_IMAGE_ID)
-    except Exception:  # noqa: BLE001 - malformed EXIF: vLLM and our hasher ignore it too
-        image_id = None
+    tags = readable_tags(image)  # malformed EXIF: vLLM and our hasher ignore it too
+    image_id = None if isinstance(tags, Fault) else tags.get(EXIF_IMAGE_ID)
     if isinstance(image_id, uuid.UUID):
         extras["image_uuid"] = image_id.bytes
     elif type(image_id) in (str, bytes):

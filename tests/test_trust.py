@@ -913,6 +913,181 @@ def test_a_request_timeout_while_an_image_is_turned_for_its_key_is_never_swallow
     assert key != rendered_uuids(scope_to_replica(upright, 0, hasher=HASHER))
 
 
+class _RequestTimedOut(AssertionError):
+    """What a timeout library's signal handler raises (timeout-decorator's own
+    ``TimeoutError`` derives from ``AssertionError``): not the built-in ``TimeoutError``."""
+
+
+def _raises_once_in(function: str, file_ending: str) -> Any:
+    """A trace function that raises ``_RequestTimedOut`` the first time ``function`` (in a
+    file whose path ends so) is called: a timeout's handler landing there, once."""
+    fired: list[bool] = []
+
+    def trace(frame: Any, event: str, _: object) -> Any:
+        code = frame.f_code
+        if (
+            not fired
+            and event == "call"
+            and code.co_name == function
+            and code.co_filename.endswith(file_ending)
+        ):
+            fired.append(True)
+            raise _RequestTimedOut("request deadline")
+
+    return trace
+
+
+def _turned_image(mode: str = "RGB") -> Image.Image:
+    """An image vLLM's parser turns upright (EXIF orientation 6 in its ``info``)."""
+    pixels = np.random.default_rng(7).integers(0, 256, (6, 10, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels).convert(mode)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    image.info["exif"] = exif.tobytes()
+    return image
+
+
+def _exif_pillow_warns_about(orientation: int = 6) -> bytes:
+    """EXIF holding an orientation and a tag whose data lies past its end: Pillow warns
+    ("Tag data larger than file") and reads the orientation."""
+    import struct
+
+    entries = struct.pack("<HHL4s", 0x0112, 3, 1, struct.pack("<H", orientation) + b"\0\0")
+    entries += struct.pack("<HHLL", 0x010E, 2, 4096, 8)  # ImageDescription, 4,096 bytes
+    return (
+        b"Exif\x00\x00II*\x00" + struct.pack("<L", 8) + struct.pack("<H", 2) + entries + struct.pack("<L", 0)
+    )
+
+
+@pytest.mark.parametrize(
+    ("function", "file_ending"),
+    [("getexif", "Image.py"), ("exif_transpose", "ImageOps.py"), ("its key", "_hashing.py")],
+)
+@pytest.mark.parametrize("policy", [None, KeyPolicy(bind_content=True)], ids=["content", "bound"])
+def test_an_exception_that_is_not_the_images_is_never_taken_for_what_vllm_tolerates(
+    function: str, file_ending: str, policy: KeyPolicy | None
+) -> None:
+    # EXIF Pillow cannot read, or a turn that fails, vLLM's parser tolerates: it keeps
+    # the image unturned, and so did the content key (and a bound UUID's fingerprint).
+    # An exception from elsewhere raised there, a timeout library's own type, was taken
+    # for such EXIF: the request went on, and the seal cached the unturned image's key,
+    # which its upright twin has (found by a review, helper-88: 24 records in 400 tries
+    # with a real SIGALRM). Raised anywhere in keying, it was reported as bad input.
+    uuids = {"image": ["photo"]} if policy is not None else None
+    record = TextPrompt(
+        prompt="<image>", multi_modal_data={"image": _turned_image()}, multi_modal_uuids=uuids
+    )
+    if function == "its key":  # the digest, or the bound UUID's fingerprint
+        function = "_digest" if policy is None else "_fingerprint"
+    previous = sys.gettrace()
+    sys.settrace(_raises_once_in(function, file_ending))
+    try:
+        with pytest.raises(_RequestTimedOut, match="request deadline"):
+            rendered_uuids(scope_to_replica(record, 0, hasher=HASHER, policy=policy))
+    finally:
+        sys.settrace(previous)
+    key = rendered_uuids(scope_to_replica(record, 0, hasher=HASHER, policy=policy))
+    fresh = TextPrompt(prompt="<image>", multi_modal_data={"image": _turned_image()}, multi_modal_uuids=uuids)
+    assert key == rendered_uuids(scope_to_replica(fresh, 0, hasher=HASHER, policy=policy))
+    upright = _turned_image()
+    del upright.info["exif"]
+    twin = TextPrompt(prompt="<image>", multi_modal_data={"image": upright}, multi_modal_uuids=uuids)
+    assert key != rendered_uuids(scope_to_replica(twin, 0, hasher=HASHER, policy=policy))
+
+
+@pytest.mark.filterwarnings("ignore:Tag data larger than file")
+@pytest.mark.parametrize("policy", [None, KeyPolicy(bind_content=True)], ids=["content", "bound"])
+def test_a_warnings_filter_that_errors_is_never_taken_for_exif_vllm_cannot_read(
+    policy: KeyPolicy | None,
+) -> None:
+    # Under a filter that makes warnings errors (pytest -W error, or another thread's
+    # warnings.catch_warnings), Pillow's warning about such EXIF was taken for EXIF vLLM
+    # cannot read, and the seal cached the unturned image's key: every later request,
+    # with the filter gone, sent the image vLLM turns under its upright twin's key
+    # (found by a review, helper-88). The warning is raised; nothing is cached.
+    import warnings
+
+    def record() -> TextPrompt:
+        image = _turned_image()
+        image.info["exif"] = _exif_pillow_warns_about(6)
+        uuids = {"image": ["photo"]} if policy is not None else None
+        return TextPrompt(prompt="<image>", multi_modal_data={"image": image}, multi_modal_uuids=uuids)
+
+    template = record()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning, match="larger than file"):
+            rendered_uuids(scope_to_replica(template, 0, hasher=HASHER, policy=policy))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        key = rendered_uuids(scope_to_replica(template, 0, hasher=HASHER, policy=policy))
+        assert key == rendered_uuids(scope_to_replica(record(), 0, hasher=HASHER, policy=policy))
+        upright = TextPrompt(
+            prompt="<image>",
+            multi_modal_data={"image": Image.fromarray(np.asarray(_turned_image()))},
+            multi_modal_uuids={"image": ["photo"]} if policy is not None else None,
+        )
+        assert key != rendered_uuids(scope_to_replica(upright, 0, hasher=HASHER, policy=policy))
+
+
+def test_threads_reading_one_images_exif_never_key_it_from_each_others_half_read_cache() -> None:
+    # Pillow's getexif() fills its cache on the image itself, marked read before the
+    # EXIF is parsed. Two threads rendering one template whose image is kept unsealed (a
+    # palette image) read it at once: one saw the other's empty cache and keyed the image
+    # unturned, under its upright twin's key (found by a review, helper-88: 16 of 1,200
+    # renders). Here one thread stops inside that window, at the same place each run.
+    import linecache
+    import threading
+
+    scoped = scope_to_replica(
+        TextPrompt(prompt="<image>", multi_modal_data={"image": _turned_image("P")}), 0, hasher=HASHER
+    )
+    fresh = TextPrompt(prompt="<image>", multi_modal_data={"image": _turned_image("P")})
+    expected = rendered_uuids(scope_to_replica(fresh, 0, hasher=HASHER))
+    inside, go_on = threading.Event(), threading.Event()
+
+    def stop_inside_getexif(frame: Any, event: str, _: object) -> Any:
+        code = frame.f_code
+        if (
+            inside.is_set()
+            or event != "call"
+            or code.co_name != "getexif"
+            or not code.co_filename.endswith("Image.py")
+        ):
+            return None
+
+        def line(frame: Any, event: str, _: object) -> Any:
+            if event == "line" and 'self.info.get("exif")' in linecache.getline(
+                code.co_filename, frame.f_lineno
+            ):
+                inside.set()  # marked read, nothing parsed yet
+                go_on.wait(10)
+                return None
+            return line
+
+        return line
+
+    keys: dict[str, Any] = {}
+
+    def render(name: str, trace: Any) -> None:
+        sys.settrace(trace)
+        try:
+            keys[name] = rendered_uuids(scoped)
+        finally:
+            sys.settrace(None)
+
+    first = threading.Thread(target=render, args=("first", stop_inside_getexif))
+    first.start()
+    assert inside.wait(10)
+    second = threading.Thread(target=render, args=("second", None))
+    second.start()
+    second.join(0.5)  # reads the image now, or waits for the first to finish reading it
+    go_on.set()
+    first.join(10)
+    second.join(10)
+    assert keys == {"first": expected, "second": expected}
+
+
 def _zeroing_mode(kind: str) -> Any:
     """A torch function or dispatch mode under which every tensor a call returns reads zeros."""
     import torch
