@@ -9,8 +9,10 @@ __all__ = ["InvalidPromptError", "OmniRequestsError", "PromptTypeError"]
 
 
 # Raised while an input is read, but not by the input: a request timeout's handler, the
-# machine out of memory. Passed on as they are, never reported as a bad input.
-NOT_THE_INPUTS: Final = (TimeoutError, MemoryError)
+# machine out of memory, the caller's stack too deep for the read (records refuse nesting
+# deep enough to cause it). Passed on as they are, never reported as a bad input, nor
+# taken for one vLLM tolerates (helper-90: a RecursionError cached an image unturned).
+NOT_THE_INPUTS: Final = (TimeoutError, MemoryError, RecursionError)
 
 _T = TypeVar("_T")
 
@@ -106,17 +108,11 @@ class Fault:
         self.error = error
 
 
-def read_or_fault(read: Callable[[], _T], again_from: Callable[[], None]) -> _T | Fault:
+def read_or_fault(read: Callable[[], _T]) -> _T | Fault:
     """``read()``, or a :class:`Fault` where it fails on the input itself, as
-    :func:`confirm_fault` tells (it raises what is not the input's). ``again_from()`` runs
-    before the read is made again: it undoes what the first left half done."""
+    :func:`confirm_fault` tells by reading again (it raises what is not the input's)."""
     try:
         return read()
     except Exception as error:  # noqa: BLE001 - the input's, or raised by confirm_fault
-
-        def again() -> object:
-            again_from()
-            return read()
-
-        confirm_fault(error, again)
+        confirm_fault(error, read)
         return Fault(error)

@@ -13,11 +13,10 @@ carry; other tags reach no key and no pixel, and are dropped as ``Image.copy()``
 
 from __future__ import annotations
 
-import contextlib
 import copy
+import os
 import threading
 import uuid
-from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from ._errors import NOT_THE_INPUTS, Fault, read_or_fault
@@ -39,34 +38,77 @@ ExifEdits = dict[int, Any]
 :data:`DELETED`."""
 
 
-# Held while a caller's image's EXIF is read. Pillow's getexif() fills its cache on the
-# image itself, marked read before it is parsed, and exif_untouched empties it again:
-# threads reading one image at once saw each other's half-read cache, and an image was
-# keyed (and sealed) without its orientation (found by a review, helper-88).
-_READING: Final = threading.RLock()
+def exif_of(image: Any) -> Any:
+    """What ``image.getexif()`` gives, read without touching ``image``: raises what it raises.
 
-
-@contextlib.contextmanager
-def exif_untouched(image: Any) -> Iterator[Callable[[], None]]:
-    """Inside, ``image.getexif()`` may be called; after, Pillow's cache is as it was.
-
-    A caller's image is not ours to change: an empty cache is emptied again. Not a TIFF's:
-    its EXIF is read from the file, which loading it (as hashing does) closes, after
-    turning the image upright by the cache it fills; that cache cannot be read again.
-    One thread at a time reads inside. Gives a function that empties the cache where it
-    was empty, so that a read that failed halfway can be made again from the start.
+    Pillow's ``getexif()`` fills its cache on the image itself, marked read before it is
+    parsed: threads reading one caller's image at once saw each other's half-read cache,
+    and emptying it again afterwards raced with them (an image was keyed and sealed
+    without its orientation; found by a review, helper-88). So a cache already read
+    (its holder's, or the one a TIFF's loading fills) is read as it is, never written;
+    otherwise the EXIF is parsed on a stand-in of ours over the image's ``info``. A TIFF
+    whose loading filled none (one of several frames) reads its file: through Pillow,
+    which keeps the cache on it, one thread at a time.
     """
-    with _READING:
-        empty = getattr(image, "_exif", None) is None and not hasattr(image, "tag_v2")
+    getexif = getattr(image.getexif, "__func__", None)
+    pillows = _pillows_getexif()
+    if getexif not in pillows:  # the holder's own (a subclass's, one set on the image): as vLLM calls it
+        return image.getexif()
+    cached = getattr(image, "_exif", None)
+    if cached is not None and cached._loaded:
+        return cached
+    if hasattr(image, "tag_v2"):
+        with _TIFF_READS.lock:
+            return image.getexif()
+    if getexif is not pillows[0] and "exif" not in image.info:  # a PNG's may follow its pixels
+        image.load()
+    return _over_info(image).getexif()
 
-        def forget() -> None:
-            if empty:
-                image._exif = None
 
-        try:
-            yield forget
-        finally:
-            forget()
+def exif_view(image: Any) -> Any:
+    """A plain image over ``image``'s pixels (no copy) whose ``getexif()`` gives what
+    ``image``'s does: what Pillow's ``exif_transpose`` may read instead of the caller's
+    image, which it would fill the EXIF cache of. Raises what :func:`exif_of` raises."""
+    image.load()
+    return reading(image._new(image.im), exif_of(image))
+
+
+def reading(image: Any, exif: Any) -> Any:
+    """``image`` (ours), its ``getexif()`` giving ``exif`` as it is, as the image that
+    gave it did: Pillow's own would parse ``info`` over an ``Exif`` not marked read."""
+    image.getexif = lambda: exif
+    return image
+
+
+class _OneAtATime:
+    """A lock that a process forked while another thread held it does not inherit held."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self.lock = threading.Lock()
+
+
+_TIFF_READS: Final = _OneAtATime()
+
+
+def _pillows_getexif() -> tuple[Any, ...]:
+    """Pillow's own ``getexif`` methods, the plain one first: a PNG's loads the image
+    where its EXIF may follow the pixels, then reads as the plain one does."""
+    from PIL import Image, PngImagePlugin  # an image exists, so Pillow is imported already
+
+    return (Image.Image.getexif, PngImagePlugin.PngImageFile.getexif)
+
+
+def _over_info(image: Any) -> Any:
+    """A stand-in whose ``getexif()`` parses ``image.info`` (read, never written)."""
+    from PIL import Image  # an image exists, so Pillow is imported already
+
+    probe = Image.Image()  # no pixels: only its info is read
+    probe.info = image.info
+    return probe
 
 
 def parser_tags(image: Any) -> dict[int, Any]:
@@ -74,15 +116,13 @@ def parser_tags(image: Any) -> dict[int, Any]:
 
     Raises what ``getexif()`` raises (malformed EXIF).
     """
-    with exif_untouched(image):
-        return _tags(image.getexif())
+    return _tags(exif_of(image))
 
 
 def readable_tags(image: Any) -> dict[int, Any] | Fault:
     """:func:`parser_tags`, or a :class:`Fault` where ``image``'s EXIF cannot be parsed
     (what is not the image's fault is raised: see ``confirm_fault``)."""
-    with exif_untouched(image) as forget:
-        return read_or_fault(lambda: _tags(image.getexif()), forget)
+    return read_or_fault(lambda: parser_tags(image))
 
 
 def _tags(exif: Any) -> dict[int, Any]:
@@ -99,12 +139,8 @@ def exif_edits(image: Any) -> ExifEdits | None:
     """
     if getattr(image, "_exif", None) is None or hasattr(image, "tag_v2"):
         return None
-    from PIL import Image  # an image exists, so Pillow is imported already
-
     cached = readable_tags(image)
-    probe = Image.Image()  # no pixels: only its info is read
-    probe.info = image.info
-    parsed = readable_tags(probe)
+    parsed = readable_tags(_over_info(image))
     if isinstance(cached, Fault) or isinstance(parsed, Fault):
         return None  # malformed EXIF: vLLM tolerates it, and so do the callers
     edits = {
@@ -128,11 +164,7 @@ def pickled_tags(image: Any) -> dict[int, Any] | None:
         return None  # malformed: vLLM reads no tags, nor will the unpickled image
     if hasattr(image, "tag_v2"):
         return tags
-    from PIL import Image  # an image exists, so Pillow is imported already
-
-    probe = Image.Image()  # no pixels: only its info is read
-    probe.info = image.info
-    parsed = readable_tags(probe)
+    parsed = readable_tags(_over_info(image))
     if isinstance(parsed, Fault):
         return tags  # info cannot be parsed, the cache could
     same = tags.keys() == parsed.keys() and all(same_value(tags[tag], parsed[tag]) for tag in tags)

@@ -30,7 +30,7 @@ from pyrsistent import PVector
 
 from . import _image_road
 from ._errors import NOT_THE_INPUTS, Fault, InvalidPromptError, PromptTypeError, read_or_fault, type_name
-from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
+from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_of, exif_view, readable_tags, reading
 from ._frozen import refuse_second_init
 from ._image_road import pixels
 from ._media import (
@@ -301,30 +301,25 @@ def _as_vllm_parses_image(image: Any) -> Any:
     """
     from PIL import ImageChops, ImageOps  # an image exists, so Pillow is imported already
 
-    with exif_untouched(image) as forget:
-        # EXIF Pillow cannot read makes exif_transpose raise too: vLLM keeps the image.
-        transpose = read_or_fault(lambda: _turned_or_named(image.getexif()), forget)
-        if not isinstance(transpose, Fault):
-            if transpose:
-                upright = read_or_fault(lambda: ImageOps.exif_transpose(image), forget)
-                if not isinstance(upright, Fault):  # else vLLM keeps the image as it is
-                    image = upright
-            elif image.mode == "RGB" and image.palette is not None:
-                image = image.copy()  # what exif_transpose returns here
-            elif image.mode == "P" and "transparency" in image.info:
-                # Pillow's convert writes the transparency into the image's own palette:
-                # convert a copy, as vLLM converts exif_transpose's, never the caller's.
-                image = image.copy()
+    # EXIF Pillow cannot read makes exif_transpose raise too: vLLM keeps the image.
+    tags = readable_tags(image)
+    if not isinstance(tags, Fault):
+        if tags.get(EXIF_ORIENTATION, 1) != 1 or EXIF_IMAGE_ID in tags:
+            # Of a view over the pixels: Pillow's would fill the caller's image's EXIF cache.
+            upright = read_or_fault(lambda: ImageOps.exif_transpose(exif_view(image)))
+            if not isinstance(upright, Fault):  # else vLLM keeps the image as it is
+                image = upright
+        elif image.mode == "RGB" and image.palette is not None:
+            image = image.copy()  # what exif_transpose returns here
+        elif image.mode == "P" and "transparency" in image.info:
+            # Pillow's convert writes the transparency into the image's own palette:
+            # convert a copy, as vLLM converts exif_transpose's, never the caller's.
+            image = image.copy()
     flat = _flattened_as_vllm(image)
     # Compared in Pillow's C code (copying both to bytes took 8x as long at 1080p).
     if image.mode == "RGB" and flat is not image and ImageChops.difference(flat, image).getbbox() is not None:
         return (flat, image)  # flattened only by vLLM 0.34 (see above)
     return flat
-
-
-def _turned_or_named(exif: Any) -> bool:
-    """Whether vLLM's parser hands on a transposed copy of an image with this EXIF."""
-    return bool(exif.get(EXIF_ORIENTATION, 1) != 1 or EXIF_IMAGE_ID in exif)
 
 
 # The field a key of an image's two parses carries beside the model and the modality:
@@ -419,22 +414,24 @@ def vllm_turn(image: Any) -> int | None:
     """
     from PIL import Image, ImageOps  # an image exists, so Pillow is imported already
 
-    with exif_untouched(image) as forget:
-        # Malformed EXIF or an unhashable value: no turn, as in vLLM.
-        turn = read_or_fault(lambda: _TURNS.get(image.getexif().get(EXIF_ORIENTATION)), forget)
-        if turn is None or isinstance(turn, Fault):
-            return None
-        try:
-            stand_in = Image.new(image.mode, (1, 1))
-        except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
-            raise
-        except Exception:  # noqa: BLE001 - a mode Image.new cannot make: try the image itself
-            stand_in = image
-        else:
-            stand_in.info = dict(image.info)
-            stand_in._exif = image.getexif()  # the cache read above: read, never written
-        # A transpose that fails, vLLM's parser suppresses the same way.
-        transposed = read_or_fault(lambda: ImageOps.exif_transpose(stand_in), forget)
+    # Malformed EXIF or an unhashable value: no turn, as in vLLM.
+    exif = read_or_fault(lambda: exif_of(image))
+    if isinstance(exif, Fault):
+        return None
+    turn = read_or_fault(lambda: _TURNS.get(exif.get(EXIF_ORIENTATION)))
+    if turn is None or isinstance(turn, Fault):
+        return None
+    try:
+        stand_in = Image.new(image.mode, (1, 1))
+    except NOT_THE_INPUTS:  # a timeout or no memory: never taken for the input's
+        raise
+    except Exception:  # noqa: BLE001 - a mode Image.new cannot make: a view of the image itself
+        stand_in = exif_view(image)
+    else:
+        stand_in.info = dict(image.info)
+        reading(stand_in, exif)  # read, never written: the transposed copy gets its own
+    # A transpose that fails, vLLM's parser suppresses the same way.
+    transposed = read_or_fault(lambda: ImageOps.exif_transpose(stand_in))
     return None if isinstance(transposed, Fault) else turn
 
 
@@ -448,8 +445,8 @@ def _parsed_as(image: Any) -> tuple[object, object]:
 
 
 def _exif_image_id(image: Any) -> bytes | None:
-    with exif_untouched(image) as forget:  # vLLM tolerates malformed EXIF the same way
-        image_id = read_or_fault(lambda: image.getexif().get(EXIF_IMAGE_ID), forget)
+    tags = readable_tags(image)  # vLLM tolerates malformed EXIF the same way
+    image_id = None if isinstance(tags, Fault) else tags.get(EXIF_IMAGE_ID)
     return image_id.bytes if isinstance(image_id, uuid.UUID) else None
 
 

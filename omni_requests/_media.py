@@ -706,13 +706,18 @@ def _torch_uint8() -> Any:
     return sys.modules["torch"].uint8  # a tensor exists, so torch is imported already
 
 
-def tensor_bytes(tensor: Any) -> Any:
-    """``tensor``'s bytes as a flat ``uint8`` tensor (a view when it is contiguous on the CPU).
+def tensor_bytes(tensor: Any) -> np.ndarray[Any, Any]:
+    """``tensor``'s bytes as a flat ``uint8`` array (a view when it is contiguous on the CPU).
 
     What equality, snapshots and test pictures compare; bfloat16 included (numpy has no
-    such dtype, so a numpy view would fail).
+    such dtype, so a numpy view of the tensor itself would fail). Read whatever torch
+    mode the caller is in: a mode could give other bytes.
     """
-    return tensor.detach().cpu().contiguous().reshape(-1).view(_torch_uint8())
+    with torch_as_is(tensor):
+        flat: np.ndarray[Any, Any] = (
+            tensor.detach().cpu().contiguous().reshape(-1).view(_torch_uint8()).numpy()
+        )
+        return flat
 
 
 def _owned_void(value: np.void, path: str) -> Any:

@@ -1125,11 +1125,11 @@ def values_equal(a: Any, b: Any, depth: int = 0) -> bool:
             )
         return bool(a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes())
     if kind is MediaKind.TENSOR:
-        import torch
-
         # By bytes, like arrays and like the hasher: NaN equals itself, -0.0 differs from 0.0.
         return (
-            a.dtype == b.dtype and a.shape == b.shape and bool(torch.equal(tensor_bytes(a), tensor_bytes(b)))
+            a.dtype == b.dtype
+            and a.shape == b.shape
+            and bool(np.array_equal(tensor_bytes(a), tensor_bytes(b)))
         )
     if kind is MediaKind.IMAGE:
         return (

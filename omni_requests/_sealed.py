@@ -668,14 +668,29 @@ def torch_as_is(tensor: Any = None) -> Iterator[None]:
     """Inside, torch's calls run torch's own code, not a function or dispatch mode the
     caller entered: a digest computed through a mode that changed what they return was
     cached for the tensor's bytes, and every later request without it sent them under it
-    (found by a review, helper-88). Given a ``tensor`` of a subclass, nothing changes: its
-    own overrides run, as in vLLM's hasher (its keys are never cached)."""
+    (found by a review, helper-88); a subclass that turns both torch hooks off (a frozen
+    ``nn.Parameter``, keyed at every render) was sent under the mode's key (helper-90).
+    Given a ``tensor`` of another subclass, nothing changes: its hooks run as in vLLM's
+    hasher (torch's default one hands results back as the subclass, whose own methods
+    the hasher then calls), and the caller's modes with them; its keys are never cached."""
     torch = sys.modules["torch"]  # a tensor exists, so torch is imported already
-    if tensor is not None and type(tensor) is not torch.Tensor:
+    if tensor is not None and not _runs_torchs_own_code(type(tensor), torch):
         yield
         return
     with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
         yield
+
+
+def _runs_torchs_own_code(cls: type, torch: Any) -> bool:
+    """Whether torch's calls on tensors of ``cls`` run torch's code alone: a plain
+    tensor's, and a subclass's that turns both hooks off, as ``nn.Parameter`` does."""
+    return bool(
+        cls is torch.Tensor
+        or (
+            cls.__torch_function__ is torch._C._disabled_torch_function_impl  # type: ignore[attr-defined]
+            and cls.__torch_dispatch__ is torch._C._disabled_torch_dispatch_impl  # type: ignore[attr-defined]
+        )
+    )
 
 
 def _tensor_maker(dtype: Any, shape: tuple[int, ...]) -> Callable[[Any, Seal | None], Any]:

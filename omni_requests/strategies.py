@@ -431,7 +431,8 @@ def _tensors(
         return tensor.transpose(0, -1).contiguous().transpose(0, -1)
     if layout == "strided" and not (tensor.numel() == 1 and name == "bfloat16"):
         # (Records refuse a strided one-element bfloat16 tensor: vLLM has no key for it.)
-        base = torch.zeros((2 * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype)
+        # On the CPU, as the rest: a test may run under torch.set_default_device(...).
+        base = torch.zeros((2 * tensor.shape[0], *tensor.shape[1:]), dtype=tensor.dtype, device="cpu")
         base[::2] = tensor
         return base[::2]
     return tensor
@@ -955,7 +956,7 @@ def _content(value: object, by_id: bool = True) -> object:
             seen = ("transparency", _content(media.info["transparency"]))
         return ("image", media.mode, pixels.dtype.str, pixels.shape, pixels.tobytes(), colors, *seen)
     if kind is MediaKind.TENSOR:
-        return ("tensor", str(media.dtype), tuple(media.shape), tensor_bytes(media).numpy().tobytes())
+        return ("tensor", str(media.dtype), tuple(media.shape), tensor_bytes(media).tobytes())
     if kind is MediaKind.SEQUENCE:
         return ("sequence", tuple(_content(v, by_id) for v in media))
     if kind is MediaKind.MAPPING:

@@ -339,7 +339,7 @@ def _snapshot(value: object) -> Any:
         parts = (media.mode, media.size, media.tobytes(), colors, tags, _snapshot(dict(media.info)))
         return ("image", *zip(_IMAGE_PARTS, parts, strict=True))
     if kind is MediaKind.TENSOR:
-        raw = tensor_bytes(media).numpy().tobytes()
+        raw = tensor_bytes(media).tobytes()
         return ("tensor", str(media.dtype), tuple(media.shape), raw)
     if isinstance(value, float):
         return ("float", value.hex())

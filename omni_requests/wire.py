@@ -76,7 +76,7 @@ from ._media import (  # the caller's modality order: a PMap iterates in its own
     plain_map,
 )
 from ._media_bytes import is_media_with_bytes
-from ._sealed import current
+from ._sealed import current, torch_as_is
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -340,8 +340,9 @@ def _tensor_tree(tensor: Any, path: str) -> list[Any]:
     name = str(tensor.dtype).removeprefix("torch.")
     if name not in _TORCH_DTYPES or tensor.layout != torch.strided or tensor.is_quantized:
         raise PromptTypeError(path, f"a {tensor.layout} tensor of {tensor.dtype} has no wire form")
-    flat = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
-    raw = memoryview(flat.view(torch.uint8).numpy())
+    with torch_as_is(tensor):  # its bytes, whatever torch mode the caller is in
+        flat = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+        raw = memoryview(flat.view(torch.uint8).numpy())
     return [_TAGS[_TENSOR], name, list(tensor.shape), raw]
 
 
@@ -673,9 +674,10 @@ def _read_tensor(name: Any, shape: list[int], raw: bytes, *, path: str) -> Any:
     _check_span(shape, itemsize, f"a {name} tensor", path)
     if _count(shape) * itemsize != len(raw):
         raise WireError(path, f"a {name} tensor of shape {tuple(shape)} has {_count(shape) * itemsize} bytes")
-    flat = torch.empty(len(raw), dtype=torch.uint8, device="cpu")
-    flat.numpy()[:] = np.frombuffer(raw, np.uint8)  # tensors own writable memory: one copy
-    return flat.view(dtype).reshape(shape)
+    with torch_as_is():  # the message's bytes, whatever torch mode the caller is in
+        flat = torch.empty(len(raw), dtype=torch.uint8, device="cpu")
+        flat.numpy()[:] = np.frombuffer(raw, np.uint8)  # tensors own writable memory: one copy
+        return flat.view(dtype).reshape(shape)
 
 
 def _check_array_size(dtype: np.dtype[Any], shape: list[int], raw: bytes, path: str) -> None:

@@ -39,7 +39,7 @@ from omni_requests import (
     testing,
     wire,
 )
-from omni_requests._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_untouched
+from omni_requests._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_of, exif_view
 from omni_requests_vllm import from_vllm, to_vllm
 
 from .conftest import CountingHasher as Counting
@@ -651,15 +651,13 @@ def _vllm_key(image: Any) -> str:
     """vLLM's own key of ``image`` as its parser hands it to the hasher: turned upright
     (a copy, which drops an ImageID set in memory) and in RGB."""
     vllm_hasher = pytest.importorskip("vllm.multimodal.hasher").MultiModalHasher
-    with exif_untouched(image):
-        parsed = ImageOps.exif_transpose(image).convert("RGB")
+    parsed = ImageOps.exif_transpose(exif_view(image)).convert("RGB")  # the image left as it is
     return "stage0:rep0:" + vllm_hasher.hash_kwargs("blake3", model_id=HASHER.model_id, image=parsed)
 
 
 def _parser_tags(image: Any) -> tuple[object, object]:
-    with exif_untouched(image):
-        exif = image.getexif()
-        return exif.get(EXIF_ORIENTATION), exif.get(EXIF_IMAGE_ID)
+    exif = exif_of(image)  # the image left as it is
+    return exif.get(EXIF_ORIENTATION), exif.get(EXIF_IMAGE_ID)
 
 
 @pytest.mark.parametrize("edit", list(EXIF_EDITS), ids=list(EXIF_EDITS))

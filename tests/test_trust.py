@@ -995,6 +995,58 @@ def test_an_exception_that_is_not_the_images_is_never_taken_for_what_vllm_tolera
     assert key != rendered_uuids(scope_to_replica(twin, 0, hasher=HASHER, policy=policy))
 
 
+def test_a_recursion_error_while_exif_is_read_is_never_taken_for_exif_vllm_cannot_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A stack too deep for the read fails every read the same way: it was taken for EXIF
+    # vLLM cannot read, and a bound UUID's fingerprint was cached unturned (helper-90).
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": _turned_image()})
+
+    def too_deep(self: Image.Image) -> Image.Exif:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(Image.Image, "getexif", too_deep)
+        with pytest.raises(RecursionError):
+            rendered_uuids(scope_to_replica(record, 0, hasher=HASHER))
+    fresh = TextPrompt(prompt="<image>", multi_modal_data={"image": _turned_image()})
+    assert rendered_uuids(scope_to_replica(record, 0, hasher=HASHER)) == rendered_uuids(
+        scope_to_replica(fresh, 0, hasher=HASHER)
+    )
+
+
+def test_reading_an_images_exif_never_calls_getexif_on_the_callers_image() -> None:
+    # Pillow's getexif() fills its cache on the image: reading a caller's image through
+    # it changed the image, and threads reading one image raced on that cache. A lock
+    # around it made a forked child hang and held every thread's keys behind one
+    # rotated 4K image's transpose (helper-90). Now the caller's image is never read so.
+    import threading
+
+    image = _turned_image("P")  # kept unsealed: read at every render
+    rgb = _turned_image()  # sealed: read while the record is built
+    calls: list[str] = []
+
+    def watch(frame: Any, event: str, _: object) -> Any:
+        if event == "call" and frame.f_code.co_name == "getexif":
+            target = frame.f_locals.get("self")
+            if target is image or target is rgb:
+                calls.append(threading.current_thread().name)
+
+    previous = sys.gettrace()
+    sys.settrace(watch)
+    try:
+        record = TextPrompt(prompt="<image>", multi_modal_data={"image": [image, rgb]})
+        scoped = scope_to_replica(record, 0, hasher=HASHER, policy=KeyPolicy(bind_content=False))
+        rendered_uuids(scoped)
+        to_vllm(scoped)
+        HASHER.content_key("image", image)
+        HASHER.fingerprint("image", rgb)
+    finally:
+        sys.settrace(previous)
+    assert calls == []
+    assert image._exif is None and rgb._exif is None  # type: ignore[attr-defined]
+
+
 @pytest.mark.filterwarnings("ignore:Tag data larger than file")
 @pytest.mark.parametrize("policy", [None, KeyPolicy(bind_content=True)], ids=["content", "bound"])
 def test_a_warnings_filter_that_errors_is_never_taken_for_exif_vllm_cannot_read(
@@ -1112,16 +1164,21 @@ def _zeroing_mode(kind: str) -> Any:
 
 @pytest.mark.parametrize("kind", ["function", "dispatch"])
 @pytest.mark.parametrize("policy", [None, KeyPolicy(bind_content=True)], ids=["content", "bound"])
+@pytest.mark.parametrize("holder", ["tensor", "parameter"])
 def test_a_torch_mode_around_a_tensors_first_key_never_reaches_the_cached_key(
-    kind: str, policy: KeyPolicy | None
+    kind: str, policy: KeyPolicy | None, holder: str
 ) -> None:
     # A sealed tensor's key (or a bound UUID's fingerprint) is computed once and cached by
     # its seal. Computed through a torch mode that changed what torch's calls return, it
     # was the key of other bytes, which every later request sent the tensor under: ten
     # different images went out under one key (found by a review, helper-88). Sealing
     # under the mode copied the mode's bytes too.
+    # A frozen nn.Parameter (a subclass that overrides neither torch hook) is kept as
+    # given and keyed at every render: it went out under the mode's key (helper-90).
     torch = pytest.importorskip("torch")
     images = [torch.full((4, 6, 3), float(i)) for i in range(3)]
+    if holder == "parameter":
+        images = [torch.nn.Parameter(image, requires_grad=False) for image in images]
     uuids = {"image": ["a", "b", "c"]} if policy is not None else None
     with _zeroing_mode(kind):
         record = TextPrompt(prompt="<image>", multi_modal_data={"image": images}, multi_modal_uuids=uuids)

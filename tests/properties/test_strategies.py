@@ -86,6 +86,17 @@ def test_tensors_cover_bfloat16_and_non_contiguous() -> None:
     assert seen(S.tensors(dtypes=[torch.float16]), lambda t: t.dtype) == {torch.float16}
 
 
+def test_tensors_are_drawn_on_the_cpu_whatever_the_default_device() -> None:
+    # A strided tensor's base followed torch's default device: under "meta" records
+    # refused such draws, and on a GPU server they came out on the GPU (helper-90).
+    torch.set_default_device("meta")
+    try:
+        devices = seen(S.tensors(min_dims=1), lambda t: t.device.type, 100)
+    finally:
+        torch.set_default_device(None)
+    assert devices == {"cpu"}
+
+
 def test_videos_and_audios_cover_every_form() -> None:
     def video_form(v: Any) -> str:
         if isinstance(v, tuple):
