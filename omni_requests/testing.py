@@ -37,6 +37,7 @@ import numpy as np
 from hypothesis import HealthCheck, given
 from hypothesis import settings as Settings
 from hypothesis import strategies as st
+from hypothesis.errors import Flaky
 from pyrsistent import PVector, pvector
 
 from ._errors import type_name
@@ -326,7 +327,8 @@ def _snapshot(value: object) -> Any:
     if kind is MediaKind.SEQUENCE:
         return (type(value).__name__, tuple(_snapshot(v) for v in media))
     if kind is MediaKind.ARRAY:
-        return ("ndarray", media.dtype.str, media.shape, media.tobytes())
+        # Writeable too: a function that freezes the caller's array changes the caller's.
+        return ("ndarray", media.dtype.str, media.shape, media.tobytes(), media.flags.writeable)
     if kind is MediaKind.IMAGE:
         # Everything vLLM's parser reads: pixels, palette, EXIF orientation and ImageID,
         # and info (transparency), each a part a changed image is reported by.
@@ -857,4 +859,29 @@ def _search(name: str, ctx: _Context, scenarios: st.SearchStrategy[_Scenario], c
     label = f"{name}:{getattr(ctx.fn, '__module__', '')}.{getattr(ctx.fn, '__qualname__', repr(ctx.fn))}"
     scoping_property._hypothesis_internal_add_digest = label.encode()  # type: ignore[attr-defined]
     test = config(given(scenario=scenarios)(scoping_property))
-    test()
+    try:
+        test()
+    except Flaky as flaky:
+        # A failure that did not come again when Hypothesis replayed its example: the
+        # function's keys depend on its earlier calls (a cache keyed by id(), whose ids
+        # Python hands to new objects). It is still this property's failure.
+        failure = _scoping_failure(flaky)
+        if failure is None:
+            raise
+        raise ScopingPropertyError(
+            failure.properties,
+            f"{failure}\n\nThis failure did not come again when its example was run again: "
+            "the function's keys depend on its earlier calls (a cache keyed by id(), say, "
+            "whose ids Python gives to new objects).",
+        ) from flaky
+
+
+def _scoping_failure(error: BaseException) -> ScopingPropertyError | None:
+    """The first ScopingPropertyError in ``error`` or the exceptions it groups."""
+    if isinstance(error, ScopingPropertyError):
+        return error
+    for inner in getattr(error, "exceptions", ()):
+        found = _scoping_failure(inner)
+        if found is not None:
+            return found
+    return None

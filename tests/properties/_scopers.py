@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from omni_requests import MediaHasher, Scope, SinglePrompt, scope_to_replica
 from omni_requests_vllm import from_vllm, to_vllm
 
@@ -132,6 +134,33 @@ def key_by_object_identity(prompt: dict[str, Any], replica: int) -> dict[str, An
         return None if item is None else f"obj{id(item):x}"
 
     return {**prompt, "multi_modal_uuids": _scoped_uuids(prompt, replica, base_of=base)}
+
+
+def cache_by_item_id() -> DictScoper:
+    """Remembers each item's key by ``id(item)``, across calls: within one example every
+    item stays alive, so only an id Python gives a later example's item tells."""
+    cache: dict[tuple[str, int], str] = {}
+
+    def base(modality: str, item: Any, uuid: str | None) -> str | None:
+        if uuid is not None:
+            return uuid
+        if item is None:
+            return None
+        return cache.setdefault((modality, id(item)), HASHER.content_key(modality, item))
+
+    def scope(prompt: dict[str, Any], replica: int) -> dict[str, Any]:
+        return {**prompt, "multi_modal_uuids": _scoped_uuids(prompt, replica, base_of=base)}
+
+    return scope
+
+
+def freeze_callers_arrays(prompt: dict[str, Any], replica: int) -> dict[str, Any]:
+    """Scopes a shallow copy, but sets the caller's arrays read-only on the way."""
+    for value in (prompt.get("multi_modal_data") or {}).values():
+        for item in _as_list(value):
+            if isinstance(item, np.ndarray):
+                item.setflags(write=False)
+    return shallow_copy(prompt, replica)
 
 
 def ignore_replica(prompt: dict[str, Any], replica: int) -> dict[str, Any]:
