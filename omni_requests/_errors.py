@@ -102,10 +102,10 @@ def confirm_fault(error: Exception, again: Callable[[], object]) -> None:
 class Fault:
     """What :func:`read_or_fault` gives for a read that fails on the input itself."""
 
-    __slots__ = ("error",)
+    __slots__ = ()
 
-    def __init__(self, error: Exception) -> None:
-        self.error = error
+
+_FAULT: Final = Fault()
 
 
 def read_or_fault(read: Callable[[], _T]) -> _T | Fault:
@@ -115,4 +115,4 @@ def read_or_fault(read: Callable[[], _T]) -> _T | Fault:
         return read()
     except Exception as error:  # noqa: BLE001 - the input's, or raised by confirm_fault
         confirm_fault(error, read)
-        return Fault(error)
+        return _FAULT

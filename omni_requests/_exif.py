@@ -47,29 +47,43 @@ def exif_of(image: Any) -> Any:
     without its orientation; found by a review, helper-88). So a cache already read
     (its holder's, or the one a TIFF's loading fills) is read as it is, never written;
     otherwise the EXIF is parsed on a stand-in of ours over the image's ``info``. A TIFF
-    whose loading filled none (one of several frames) reads its file: through Pillow,
-    which keeps the cache on it, one thread at a time.
+    reads its file: loaded, then through Pillow, which keeps the cache on it, the image's
+    one thread at a time (its loads take the same lock).
     """
-    getexif = getattr(image.getexif, "__func__", None)
+    bound = image.getexif
+    getexif: Any = getattr(bound, "__func__", None)
     pillows = _pillows_getexif()
-    if getexif not in pillows:  # the holder's own (a subclass's, one set on the image): as vLLM calls it
-        return image.getexif()
     cached = getattr(image, "_exif", None)
+    if not _bound_to(bound, image):  # one set on the image (another's, say): called as vLLM calls it
+        return bound()
+    if getexif not in pillows:  # a subclass's own: on a clone, so the caller's cache stays as it is
+        clone: Any = object.__new__(type(image))
+        clone.__dict__.update(vars(image))
+        clone._exif = copy.deepcopy(cached) if cached is not None and not cached._loaded else cached
+        return getexif(clone)
+    if hasattr(image, "tag_v2"):  # a TIFF's EXIF is read from its file, as its loading reads it
+        with _lock_of(image):
+            image.load()  # as vLLM's parser does first: loading turns a TIFF upright
+            return image.getexif()
     if cached is not None and cached._loaded:
         return cached
-    if hasattr(image, "tag_v2"):
-        with _TIFF_READS.lock:
-            return image.getexif()
     if getexif is not pillows[0] and "exif" not in image.info:  # a PNG's may follow its pixels
-        image.load()
-    return _over_info(image).getexif()
+        load_image(image)
+    probe = _over_info(image)
+    if cached is not None:  # an Exif not marked read: Pillow parses info over its tags
+        probe._exif = copy.deepcopy(cached)
+    return probe.getexif()
+
+
+def _bound_to(method: Any, image: Any) -> bool:
+    return getattr(method, "__self__", None) is image
 
 
 def exif_view(image: Any) -> Any:
     """A plain image over ``image``'s pixels (no copy) whose ``getexif()`` gives what
     ``image``'s does: what Pillow's ``exif_transpose`` may read instead of the caller's
     image, which it would fill the EXIF cache of. Raises what :func:`exif_of` raises."""
-    image.load()
+    load_image(image)
     return reading(image._new(image.im), exif_of(image))
 
 
@@ -80,18 +94,36 @@ def reading(image: Any, exif: Any) -> Any:
     return image
 
 
-class _OneAtATime:
-    """A lock that a process forked while another thread held it does not inherit held."""
+def load_image(image: Any) -> None:
+    """``image.load()``, a file image's one thread at a time: Pillow's load is not
+    thread-safe, and threads keying one lazily opened image got wrong keys and Pillow's
+    errors (found by a review, helper-91). A loaded image takes an uncontended lock."""
+    if not hasattr(image, "tile"):  # no file behind it: nothing to decode
+        image.load()
+        return
+    with _lock_of(image):
+        image.load()
 
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
+
+def _lock_of(image: Any) -> threading.Lock:
+    """The lock a file image's loads and file reads take: one of a few, by its id, so
+    that decoding one image never holds up loads of most others."""
+    return _FILE_READS.locks[id(image) % len(_FILE_READS.locks)]
+
+
+class _Locks:
+    """Locks that a process forked while another thread held one does not inherit held."""
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+        self._forget()
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
-        self.lock = threading.Lock()
+        self.locks = [threading.Lock() for _ in range(self._count)]
 
 
-_TIFF_READS: Final = _OneAtATime()
+_FILE_READS: Final = _Locks(64)
 
 
 def _pillows_getexif() -> tuple[Any, ...]:

@@ -30,7 +30,7 @@ from pyrsistent import PVector
 
 from . import _image_road
 from ._errors import NOT_THE_INPUTS, Fault, InvalidPromptError, PromptTypeError, read_or_fault, type_name
-from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_of, exif_view, readable_tags, reading
+from ._exif import EXIF_IMAGE_ID, EXIF_ORIENTATION, exif_of, exif_view, load_image, readable_tags, reading
 from ._frozen import refuse_second_init
 from ._image_road import pixels
 from ._media import (
@@ -530,7 +530,7 @@ def _sampled_array(update: _Update, array: np.ndarray[Any, Any], dtype: str) -> 
 
 
 def _check_image_size(image: Any) -> None:
-    image.load()  # a file image decodes on first use
+    load_image(image)  # a file image decodes on first use
     wrong_size = image_size_error(image)
     if wrong_size is not None:
         raise ValueError(wrong_size)

@@ -40,6 +40,7 @@ from typing import Any, Final, NamedTuple
 import numpy as np
 
 from ._errors import NOT_THE_INPUTS
+from ._exif import load_image
 from ._media import IMAGE_MODES
 
 __all__ = ["ENABLED", "HANDOVER_POINTS", "Pixels", "pixels"]
@@ -173,7 +174,7 @@ def _streamed_pixels(image: Any) -> Pixels | None:
         # What Image.__array_interface__ and tobytes() do, without joining the chunks.
         descriptor = ImageMode.getmode(image.mode)
         dtype = np.dtype(descriptor.typestr)
-        image.load()
+        load_image(image)
         width, height = image.size
         bands = len(descriptor.bands)
         shape = (height, width) if bands == 1 else (height, width, bands)

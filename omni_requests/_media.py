@@ -21,6 +21,7 @@ from pyrsistent import PMap, PVector, pmap, pvector
 
 from ._embedding_fields import EmbeddingFields
 from ._errors import NOT_THE_INPUTS, InvalidPromptError, PromptTypeError, type_name
+from ._exif import load_image
 from ._frozen import refuse_second_init
 from ._identity import IdentityMap
 from ._media_bytes import freeze_media_with_bytes, is_media_with_bytes
@@ -546,7 +547,7 @@ def freeze_media(value: object, path: str, depth: int = 0) -> object:
     if kind is MediaKind.IMAGE:
         check_image_attributes(value, path)  # as loading reads them: a subclass's may raise
         try:  # a file image decodes on first use: fail here, by name, not in a hash
-            value.load()  # type: ignore[attr-defined]
+            load_image(value)
         except NOT_THE_INPUTS:
             raise
         except Exception as error:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, its own

@@ -42,7 +42,15 @@ from collections.abc import Callable, Iterator
 from typing import Any, Final, TypeVar
 
 from ._errors import NOT_THE_INPUTS, Fault
-from ._exif import ExifEdits, apply_exif_edits, copy_with_exif, exif_edits, readable_tags, same_value
+from ._exif import (
+    ExifEdits,
+    apply_exif_edits,
+    copy_with_exif,
+    exif_edits,
+    load_image,
+    readable_tags,
+    same_value,
+)
 from ._identity import IdentityMap
 
 __all__: list[str] = []
@@ -630,7 +638,7 @@ def seal_image(image: Any) -> Any:
         raise
     except Exception:  # noqa: BLE001 - an info entry that cannot be copied: keep the image as given
         return _as_given(image)
-    image.load()
+    load_image(image)
     size = image.size
     layout = _layout(mode)
     pixels = image.im  # the pixels as they are now, whatever the image's holder does next

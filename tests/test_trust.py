@@ -1047,6 +1047,81 @@ def test_reading_an_images_exif_never_calls_getexif_on_the_callers_image() -> No
     assert image._exif is None and rgb._exif is None  # type: ignore[attr-defined]
 
 
+def _turned_key(image: Image.Image) -> str:
+    """The content key of a plain image with ``image``'s pixels and orientation 6 in its info."""
+    twin = Image.fromarray(np.asarray(image))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    twin.info["exif"] = exif.tobytes()
+    return HASHER.content_key("image", twin)
+
+
+def test_an_images_own_getexif_is_read_as_vllm_reads_it_and_the_image_left_alone() -> None:
+    # vLLM's parser calls image.getexif(): a class's own (here one that calls Pillow's),
+    # one borrowed from another image, a cache set by hand and not marked read. Reading
+    # them on the caller's image filled its cache (a later info["exif"] was then ignored,
+    # by vLLM too) and threads raced on it; skipping them keyed what vLLM does not read
+    # (found by a review, helper-91).
+    class Wrapped(Image.Image):
+        def getexif(self) -> Image.Exif:
+            return super().getexif()
+
+    pixels = np.asarray(_turned_image())
+    wrapped = Image.fromarray(pixels)
+    wrapped.__class__ = Wrapped
+    wrapped.info["exif"] = _turned_image().info["exif"]
+    assert HASHER.content_key("image", wrapped) == _turned_key(wrapped)
+    TextPrompt(prompt="<image>", multi_modal_data={"image": wrapped})
+    assert wrapped._exif is None  # type: ignore[attr-defined]
+
+    by_hand = Image.fromarray(pixels)
+    by_hand._exif = Image.Exif()  # type: ignore[attr-defined]
+    by_hand._exif[0x0112] = 6  # type: ignore[attr-defined]
+    assert HASHER.content_key("image", by_hand) == _turned_key(by_hand)
+
+    borrowing = Image.fromarray(pixels)
+    borrowing.getexif = _turned_image().getexif  # type: ignore[method-assign]
+    assert HASHER.content_key("image", borrowing) == _turned_key(borrowing)
+
+
+def test_threads_keying_one_lazily_opened_image_get_its_one_key() -> None:
+    # Pillow's load() is not thread-safe: threads keying one TIFF (orientation 6) opened
+    # and not yet loaded got other keys and Pillow's errors, 42 and 6 of 150 (helper-91).
+    import threading
+
+    buffer = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(np.asarray(_turned_image())).save(buffer, "TIFF", exif=exif)
+    data = buffer.getvalue()
+    expected = HASHER.content_key("image", Image.open(io.BytesIO(data)))
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(10):
+            image = Image.open(io.BytesIO(data))
+            barrier = threading.Barrier(6)
+            keys: list[object] = []
+
+            def key(
+                image: Image.Image = image, barrier: threading.Barrier = barrier, keys: list[object] = keys
+            ) -> None:
+                barrier.wait()
+                try:
+                    keys.append(HASHER.content_key("image", image))
+                except Exception as error:  # noqa: BLE001 - counted below
+                    keys.append(error)
+
+            threads = [threading.Thread(target=key) for _ in range(6)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert keys == [expected] * 6
+    finally:
+        sys.setswitchinterval(switch)
+
+
 @pytest.mark.filterwarnings("ignore:Tag data larger than file")
 @pytest.mark.parametrize("policy", [None, KeyPolicy(bind_content=True)], ids=["content", "bound"])
 def test_a_warnings_filter_that_errors_is_never_taken_for_exif_vllm_cannot_read(
