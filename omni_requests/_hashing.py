@@ -301,6 +301,8 @@ def _as_vllm_parses_image(image: Any) -> Any:
     """
     from PIL import ImageChops, ImageOps  # an image exists, so Pillow is imported already
 
+    # Loaded first, as exif_transpose loads: a PNG's XMP may follow its pixels (helper-91).
+    load_image(image)
     # EXIF Pillow cannot read makes exif_transpose raise too: vLLM keeps the image.
     tags = readable_tags(image)
     if not isinstance(tags, Fault):
@@ -414,6 +416,7 @@ def vllm_turn(image: Any) -> int | None:
     """
     from PIL import Image, ImageOps  # an image exists, so Pillow is imported already
 
+    load_image(image)  # as exif_transpose loads first: a PNG's XMP may follow its pixels
     # Malformed EXIF or an unhashable value: no turn, as in vLLM.
     exif = read_or_fault(lambda: exif_of(image))
     if isinstance(exif, Fault):

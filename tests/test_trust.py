@@ -1084,6 +1084,60 @@ def test_an_images_own_getexif_is_read_as_vllm_reads_it_and_the_image_left_alone
     assert HASHER.content_key("image", borrowing) == _turned_key(borrowing)
 
 
+def _png_with_chunks(
+    image: Image.Image, before: list[tuple[bytes, bytes]], after: list[tuple[bytes, bytes]]
+) -> bytes:
+    """``image`` as PNG bytes, with extra chunks before its first IDAT and after its last."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    buffer = io.BytesIO()
+    image.save(buffer, "PNG")
+    raw, out, at = buffer.getvalue(), b"", 8
+    chunks = []
+    while at < len(raw):
+        (size,) = struct.unpack(">I", raw[at : at + 4])
+        chunks.append((raw[at + 4 : at + 8], raw[at + 8 : at + 8 + size]))
+        at += 12 + size
+    kinds = [kind for kind, _ in chunks]
+    first, last = kinds.index(b"IDAT"), len(kinds) - 1 - kinds[::-1].index(b"IDAT")
+    for i, (kind, data) in enumerate(chunks):
+        if i == first:
+            out += b"".join(chunk(k, d) for k, d in before)
+        out += chunk(kind, data)
+        if i == last:
+            out += b"".join(chunk(k, d) for k, d in after)
+    return raw[:8] + out
+
+
+def test_a_lazily_opened_png_is_keyed_as_loaded_where_its_xmp_follows_its_pixels() -> None:
+    from omni_requests._hashing import vllm_turn
+
+    # vLLM's exif_transpose loads an image before reading its EXIF: a PNG whose eXIf comes
+    # before its pixels and whose XMP orientation after them is turned. The content key
+    # read the tags first and keyed a lazily opened one unturned (helper-91).
+    exif = Image.Exif()
+    exif[0x010F] = "camera"
+    xmp = (
+        '<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+        '<rdf:Description xmlns:tiff="http://ns.adobe.com/tiff/1.0/" tiff:Orientation="6"/></rdf:RDF></x:xmpmeta>'
+    )
+    data = _png_with_chunks(
+        Image.fromarray(np.asarray(_turned_image())),
+        before=[(b"eXIf", exif.tobytes())],
+        after=[(b"iTXt", b"XML:com.adobe.xmp\0\0\0\0\0" + xmp.encode())],
+    )
+    loaded = Image.open(io.BytesIO(data))
+    loaded.load()
+    assert vllm_turn(loaded) == 6
+    lazy = Image.open(io.BytesIO(data))
+    assert HASHER.content_key("image", lazy) == HASHER.content_key("image", loaded)
+    assert vllm_turn(Image.open(io.BytesIO(data))) == 6
+
+
 def test_threads_keying_one_lazily_opened_image_get_its_one_key() -> None:
     # Pillow's load() is not thread-safe: threads keying one TIFF (orientation 6) opened
     # and not yet loaded got other keys and Pillow's errors, 42 and 6 of 150 (helper-91).
