@@ -20,6 +20,7 @@ import uuid
 from typing import Any, Final
 
 from ._errors import NOT_THE_INPUTS, Fault, read_or_fault
+from ._identity import IdentityMap
 
 __all__: list[str] = []
 
@@ -39,40 +40,60 @@ ExifEdits = dict[int, Any]
 
 
 def exif_of(image: Any) -> Any:
-    """What ``image.getexif()`` gives, read without touching ``image``: raises what it raises.
+    """What ``image.getexif()`` gives, read without changing ``image``: raises what it raises.
 
     Pillow's ``getexif()`` fills its cache on the image itself, marked read before it is
     parsed: threads reading one caller's image at once saw each other's half-read cache,
     and emptying it again afterwards raced with them (an image was keyed and sealed
     without its orientation; found by a review, helper-88). So a cache already read
     (its holder's, or the one a TIFF's loading fills) is read as it is, never written;
-    otherwise the EXIF is parsed on a stand-in of ours over the image's ``info``. A TIFF
-    reads its file: loaded, then through Pillow, which keeps the cache on it, the image's
-    one thread at a time (its loads take the same lock).
+    otherwise the EXIF is parsed on a stand-in of ours over the image's ``info``. A
+    ``getexif`` of the image's own is called as vLLM calls it: one set on the image as it
+    is, a subclass's on the image under its lock, its cache emptied again where it was
+    empty. A TIFF reads its file, under the image's lock too (its loads take it).
     """
     bound = image.getexif
     getexif: Any = getattr(bound, "__func__", None)
     pillows = _pillows_getexif()
-    cached = getattr(image, "_exif", None)
-    if not _bound_to(bound, image):  # one set on the image (another's, say): called as vLLM calls it
+    if not _bound_to(bound, image):  # one set on the image (another's, say): called as it is
         return bound()
-    if getexif not in pillows:  # a subclass's own: on a clone, so the caller's cache stays as it is
-        clone: Any = object.__new__(type(image))
-        clone.__dict__.update(vars(image))
-        clone._exif = copy.deepcopy(cached) if cached is not None and not cached._loaded else cached
-        return getexif(clone)
-    if hasattr(image, "tag_v2"):  # a TIFF's EXIF is read from its file, as its loading reads it
+    tiff = _is_tiff(image)
+    if tiff or getexif not in pillows:  # the image's file, or a subclass's code: on the image
         with _lock_of(image):
-            image.load()  # as vLLM's parser does first: loading turns a TIFF upright
-            return image.getexif()
+            empty = getattr(image, "_exif", None) is None and not tiff
+            try:
+                return bound()
+            finally:
+                if empty:
+                    image._exif = None
+    cached = getattr(image, "_exif", None)
     if cached is not None and cached._loaded:
         return cached
     if getexif is not pillows[0] and "exif" not in image.info:  # a PNG's may follow its pixels
         load_image(image)
     probe = _over_info(image)
     if cached is not None:  # an Exif not marked read: Pillow parses info over its tags
-        probe._exif = copy.deepcopy(cached)
+        probe._exif = _unread_copy(cached)
     return probe.getexif()
+
+
+def _unread_copy(exif: Any) -> Any:
+    """A copy of an ``Exif`` not marked read that Pillow may parse over without changing
+    ``exif``: its containers copied (Pillow clears them in place), not its values, which
+    ``deepcopy`` could refuse (a ``memoryview``; helper-92)."""
+    fresh = copy.copy(exif)
+    for name in ("_data", "_hidden_data", "_ifds"):
+        if isinstance(getattr(exif, name, None), dict):
+            setattr(fresh, name, dict(getattr(exif, name)))
+    return fresh
+
+
+def _is_tiff(image: Any) -> bool:
+    """Whether ``image`` is a TIFF file's, whose EXIF Pillow reads from the file (by class:
+    a ``__getattr__`` can answer ``tag_v2`` for anything; helper-92)."""
+    from PIL import TiffImagePlugin  # an image exists, so Pillow is imported already
+
+    return isinstance(image, TiffImagePlugin.TiffImageFile)
 
 
 def _bound_to(method: Any, image: Any) -> bool:
@@ -97,7 +118,7 @@ def reading(image: Any, exif: Any) -> Any:
 def load_image(image: Any) -> None:
     """``image.load()``, a file image's one thread at a time: Pillow's load is not
     thread-safe, and threads keying one lazily opened image got wrong keys and Pillow's
-    errors (found by a review, helper-91). A loaded image takes an uncontended lock."""
+    errors (found by a review, helper-91)."""
     if not hasattr(image, "tile"):  # no file behind it: nothing to decode
         image.load()
         return
@@ -105,25 +126,34 @@ def load_image(image: Any) -> None:
         image.load()
 
 
-def _lock_of(image: Any) -> threading.Lock:
-    """The lock a file image's loads and file reads take: one of a few, by its id, so
-    that decoding one image never holds up loads of most others."""
-    return _FILE_READS.locks[id(image) % len(_FILE_READS.locks)]
+def _lock_of(image: Any) -> Any:
+    """The lock of ``image``'s own that its loads and EXIF reads through its own code
+    take. Its own: an image whose stream stalls holds up no other (64 shared ones did;
+    helper-92). Reentrant: a subclass's ``load`` may read the image again."""
+    lock = _IMAGE_LOCKS.locks.get(image)
+    if lock is None:
+        with _IMAGE_LOCKS.made:
+            lock = _IMAGE_LOCKS.locks.get(image)
+            if lock is None:
+                lock = threading.RLock()
+                _IMAGE_LOCKS.locks.put(image, lock)
+    return lock
 
 
-class _Locks:
-    """Locks that a process forked while another thread held one does not inherit held."""
+class _ImageLocks:
+    """Each image's lock, leaving with its image; a process forked while another thread
+    held one starts with none held."""
 
-    def __init__(self, count: int) -> None:
-        self._count = count
+    def __init__(self) -> None:
         self._forget()
         os.register_at_fork(after_in_child=self._forget)
 
     def _forget(self) -> None:
-        self.locks = [threading.Lock() for _ in range(self._count)]
+        self.made = threading.Lock()
+        self.locks: IdentityMap[Any] = IdentityMap()
 
 
-_FILE_READS: Final = _Locks(64)
+_IMAGE_LOCKS: Final = _ImageLocks()
 
 
 def _pillows_getexif() -> tuple[Any, ...]:
@@ -169,7 +199,7 @@ def exif_edits(image: Any) -> ExifEdits | None:
     for a TIFF, whose tags come from its file, not ``info``, and for malformed EXIF: the
     copy a record makes is then compared with the image instead (see ``seal_image``).
     """
-    if getattr(image, "_exif", None) is None or hasattr(image, "tag_v2"):
+    if getattr(image, "_exif", None) is None or _is_tiff(image):
         return None
     cached = readable_tags(image)
     parsed = readable_tags(_over_info(image))
@@ -189,12 +219,12 @@ def pickled_tags(image: Any) -> dict[int, Any] | None:
     EXIF cache). A TIFF's tags come from its file; tags set or deleted through
     ``getexif()`` live in the cache; a cache over an ``info["exif"]`` that cannot be
     parsed gives tags the unpickled image could not read."""
-    if getattr(image, "_exif", None) is None and not hasattr(image, "tag_v2"):
+    if getattr(image, "_exif", None) is None and not _is_tiff(image):
         return None
     tags = readable_tags(image)
     if isinstance(tags, Fault):
         return None  # malformed: vLLM reads no tags, nor will the unpickled image
-    if hasattr(image, "tag_v2"):
+    if _is_tiff(image):
         return tags
     parsed = readable_tags(_over_info(image))
     if isinstance(parsed, Fault):

@@ -1138,6 +1138,65 @@ def test_a_lazily_opened_png_is_keyed_as_loaded_where_its_xmp_follows_its_pixels
     assert vllm_turn(Image.open(io.BytesIO(data))) == 6
 
 
+def test_a_subclass_getexif_reads_the_image_itself_and_a_hand_set_cache_its_own_values() -> None:
+    # A subclass's getexif ran on a shallow clone, which lost its __slots__ values: it
+    # failed there, the failure was taken for malformed EXIF, and the record sealed the
+    # image unturned. An unread cache holding a value deepcopy refuses was taken for
+    # malformed EXIF too (found by a review, helper-92).
+    class Slotted(Image.Image):
+        __slots__ = ("orientation",)
+
+        def getexif(self) -> Image.Exif:
+            exif = super().getexif()
+            exif[0x0112] = self.orientation
+            return exif
+
+    slotted = Slotted()
+    slotted.__dict__.update(vars(Image.fromarray(np.asarray(_turned_image()))))
+    slotted.orientation = 6
+    assert HASHER.content_key("image", slotted) == _turned_key(slotted)
+    record = TextPrompt(prompt="<image>", multi_modal_data={"image": slotted})
+    assert rendered_uuids(scope_to_replica(record, 0, hasher=HASHER)) == {
+        "image": ["stage0:rep0:" + _turned_key(slotted)]
+    }
+    assert slotted._exif is None  # type: ignore[attr-defined]
+
+    by_hand = Image.fromarray(np.asarray(_turned_image()))
+    by_hand._exif = Image.Exif()  # type: ignore[attr-defined]
+    by_hand._exif[0x0112] = 6  # type: ignore[attr-defined]
+    by_hand._exif[0x010F] = memoryview(b"camera")  # type: ignore[attr-defined]
+    assert HASHER.content_key("image", by_hand) == _turned_key(by_hand)
+
+
+def test_a_load_that_keys_another_image_neither_hangs_nor_holds_up_other_images() -> None:
+    # Loads of file images took one of 64 shared locks: a subclass's load() keying another
+    # image on the same one hung for good (found by a review, helper-92).
+    import threading
+
+    from PIL import JpegImagePlugin
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (16, 16), "red").save(buffer, "JPEG")
+    data = buffer.getvalue()
+
+    class Thumbnailed(JpegImagePlugin.JpegImageFile):
+        other: Image.Image | None = None
+
+        def load(self) -> Any:
+            if self.other is not None:
+                HASHER.content_key("image", self.other)
+            return super().load()
+
+    main = Thumbnailed(io.BytesIO(data))
+    pool = [Image.open(io.BytesIO(data)) for _ in range(256)]
+    main.other = next(image for image in pool if id(image) % 64 == id(main) % 64)
+    keys: list[str] = []
+    thread = threading.Thread(target=lambda: keys.append(HASHER.content_key("image", main)), daemon=True)
+    thread.start()
+    thread.join(20)
+    assert not thread.is_alive() and keys == [HASHER.content_key("image", Image.open(io.BytesIO(data)))]
+
+
 def test_threads_keying_one_lazily_opened_image_get_its_one_key() -> None:
     # Pillow's load() is not thread-safe: threads keying one TIFF (orientation 6) opened
     # and not yet loaded got other keys and Pillow's errors, 42 and 6 of 150 (helper-91).
